@@ -1,0 +1,21 @@
+"""Drafter losses: plain-torch references (naive) and the fused Triton E2E-TV path (fused)."""
+
+from .fused import fused_acceptance_alpha, fused_e2e_tv_loss, triton_available
+from .naive import (
+    acceptance_alpha,
+    ce_decay_loss,
+    draft_opd_loss,
+    e2e_tv_from_alpha,
+    e2e_tv_loss,
+    expected_acceptance_length,
+    forward_kl,
+    reverse_kl,
+    tv_loss,
+)
+from .registry import LOSSES, get_loss
+
+__all__ = [
+    "acceptance_alpha", "expected_acceptance_length", "e2e_tv_from_alpha", "e2e_tv_loss", "tv_loss",
+    "forward_kl", "reverse_kl", "ce_decay_loss", "draft_opd_loss",
+    "fused_acceptance_alpha", "fused_e2e_tv_loss", "triton_available", "LOSSES", "get_loss",
+]

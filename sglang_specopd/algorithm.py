@@ -1,0 +1,101 @@
+"""The SPECOPD speculative algorithm: SGLang's DFlash worker plus per-request acceptance traces.
+
+Registered with ``SpeculativeAlgorithm.register("SPECOPD", ...)`` by :func:`register_algorithm`. To SGLang it is
+a DFLASH-family algorithm (every ``is_*`` / ``supports_*`` question is answered as DFLASH answers it), and its
+server-argument resolution is DFLASH's own (``_handle_dflash``), so flags, checkpoints and performance are those
+of ``--speculative-algorithm DFLASH``. The worker subclasses ``DFlashWorkerV2`` and only observes each verify
+step to record traces (:mod:`sglang_specopd.traces`); proposals and acceptance are untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger("sglang_specopd.algorithm")
+
+ALGORITHM_NAME = "SPECOPD"
+
+
+def _make_spec_class():
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+    dflash = SpeculativeAlgorithm.DFLASH
+    own = {"is_some", "is_none", "is_speculative", "handle_server_args", "create_worker"}
+
+    class SpecOPDAlgo(CustomSpecAlgo):
+        """DFLASH-family spec class: delegates every capability question to ``SpeculativeAlgorithm.DFLASH``."""
+
+        def __getattr__(self, name):  # enum-only attributes (carries_draft_hidden_states, need_topk, ...)
+            return getattr(dflash, name)
+
+    for name in list(vars(SpeculativeAlgorithm)):
+        if name.startswith(("is_", "supports_", "has_", "need_", "carries_")) and name not in own:
+            setattr(SpecOPDAlgo, name, (lambda n: lambda self, *a, **k: getattr(dflash, n)(*a, **k))(name))
+    for name in ("create_future_map", "build_disagg_draft_input", "resolve_max_speculative_num_draft_tokens",
+                 "get_num_tokens_per_req_for_target_verify"):
+        setattr(SpecOPDAlgo, name, (lambda n: lambda self, *a, **k: getattr(dflash, n)(*a, **k))(name))
+    return SpecOPDAlgo
+
+
+def _make_worker_class():
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    from sglang_specopd.traces import record_verify_step, wants_trace
+
+    class SpecOPDWorker(DFlashWorkerV2):
+        """``DFlashWorkerV2`` that records (anchor, proposed tokens, accepted count) per verify step."""
+
+        _specopd_reqs = None
+
+        def forward_batch_generation(self, batch, *args, **kwargs):
+            self._specopd_reqs = getattr(batch, "reqs", None)
+            try:
+                return super().forward_batch_generation(batch, *args, **kwargs)
+            finally:
+                self._specopd_reqs = None
+
+        def _accept_block(self, **kwargs):
+            out = super()._accept_block(**kwargs)
+            reqs = self._specopd_reqs
+            if reqs and any(wants_trace(r) for r in reqs):
+                candidates = kwargs["candidates"]
+                record_verify_step(
+                    reqs,
+                    kwargs["prefix_lens"].tolist(),
+                    candidates[:, 1:].tolist(),
+                    out[0].tolist(),
+                )
+            return out
+
+    return SpecOPDWorker
+
+
+def resolve_specopd_server_args(result, server_args):
+    """AFTER hook on ``handle_speculative_decoding``: give SPECOPD the DFLASH resolution (block size, backends)."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+    import sglang.srt.arg_groups.speculative_hook as spec_hook
+
+    if (resolving_view(server_args).speculative_algorithm or "").upper() == ALGORITHM_NAME:
+        spec_hook._handle_dflash(server_args)
+    return result
+
+
+def register_algorithm() -> None:
+    """Register ``SPECOPD`` with SGLang (idempotent per process)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_registry import get_spec
+
+    if get_spec(ALGORITHM_NAME) is not None:
+        return
+
+    @SpeculativeAlgorithm.register(ALGORITHM_NAME, supports_overlap=True, spec_class=_make_spec_class())
+    def _factory(server_args):
+        return _make_worker_class()
+
+    HookRegistry.register(
+        "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding",
+        resolve_specopd_server_args,
+        HookType.AFTER,
+    )
