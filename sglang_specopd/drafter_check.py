@@ -47,8 +47,8 @@ def _target_problems(cfg: dict[str, Any], info: TargetInfo, target_dir: Path) ->
                             ("num_target_layers", info.num_hidden_layers, "num_target_layers_mismatch")):
         got = cfg.get(key)
         if got is not None and got != want:
-            out.append(Problem(code, f"{key} {got!r} != target {key if key != 'num_target_layers' else 'num_hidden_layers'} "
-                                     f"{want}"))
+            target_key = "num_hidden_layers" if key == "num_target_layers" else key
+            out.append(Problem(code, f"{key} {got!r} != target {target_key} {want}"))
     dflash = cfg.get("dflash_config") if isinstance(cfg.get("dflash_config"), dict) else {}
     if "target_layer_ids" in dflash:
         out += [Problem(c, m) for c, m in layer_id_problems(dflash["target_layer_ids"], info.num_hidden_layers)]

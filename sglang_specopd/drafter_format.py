@@ -241,7 +241,8 @@ def spec_from_config(cfg: Mapping[str, Any]) -> DrafterSpec:
         DrafterConfigError: not a dict, wrong ``architectures``, missing keys (all listed), or invalid values.
     """
     if not isinstance(cfg, Mapping):
-        raise DrafterConfigError([("config_malformed", f"config.json must hold a JSON object, got {type(cfg).__name__}")])
+        raise DrafterConfigError([("config_malformed",
+                                   f"config.json must hold a JSON object, got {type(cfg).__name__}")])
     problems: list[tuple[str, str]] = []
     if cfg.get("architectures") != [DRAFTER_ARCHITECTURE]:
         problems.append(("config_invalid", f"architectures must be [{DRAFTER_ARCHITECTURE!r}], "
@@ -249,7 +250,6 @@ def spec_from_config(cfg: Mapping[str, Any]) -> DrafterSpec:
     dflash = cfg.get("dflash_config")
     if not isinstance(dflash, Mapping):
         problems.append(("config_key_missing", "config.json is missing key dflash_config (an object)"))
-        dflash = {}
     rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), Mapping) else {}
     values: dict[str, Any] = {}
     for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
@@ -264,9 +264,11 @@ def spec_from_config(cfg: Mapping[str, Any]) -> DrafterSpec:
         problems.append(("config_key_missing", "config.json is missing key rope_parameters.rope_theta"))
     values["rope_theta"] = theta
     for name in ("block_size", "target_layer_ids", "mask_token", "mask_token_id"):
+        if not isinstance(dflash, Mapping):
+            break
         if name in dflash:
             values[name] = dflash[name]
-        elif dflash or not any(code == "config_key_missing" and "dflash_config" in msg for code, msg in problems):
+        else:
             problems.append(("config_key_missing", f"config.json is missing key dflash_config.{name}"))
     if problems:
         raise DrafterConfigError(problems)

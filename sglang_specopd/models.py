@@ -179,6 +179,8 @@ def prepare_model(
         if _verify_marker(final, spec, dtype):
             console.print(f"[green]verified[/] {final} ({dtype}, checksums match)")
             return final
+        for stale in models.glob(f".{spec.dirname}.*-*"):  # leftovers of a killed build (we hold the lock)
+            shutil.rmtree(stale, ignore_errors=True)
         if final.exists():
             console.print(f"[yellow]rebuilding[/] {final} (missing, corrupt or another dtype)")
         tmp = Path(tempfile.mkdtemp(dir=models, prefix=f".{spec.dirname}.build-"))

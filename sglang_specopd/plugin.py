@@ -27,6 +27,13 @@ def register() -> None:
 
     register_fixes()
     register_algorithm()
+    from sglang_specopd.control import register_control
+    from sglang_specopd.routes import register_routes
+    from sglang_specopd.scoring import register_scoring
+
+    register_control()
+    register_scoring()
+    register_routes()
     from sglang_specopd.streamer import get_output_streamer_class
 
     HookRegistry.register(

@@ -96,6 +96,13 @@ def test_spec_validation_and_config_round_trip() -> None:
         spec_from_config(cfg)
     assert [m for _, m in err.value.problems] == ["config.json is missing key hidden_size",
                                                    "config.json is missing key dflash_config.mask_token"]
+    cfg = drafter_config(spec)
+    del cfg["dflash_config"]
+    cfg["architectures"] = ["LlamaForCausalLM"]
+    with pytest.raises(DrafterConfigError) as err:
+        spec_from_config(cfg)
+    assert [c for c, _ in err.value.problems] == ["config_invalid", "config_key_missing"]
+    assert "architectures must be ['DFlashDraftModel']" in str(err.value)
 
 
 def test_init_then_check_ok(target: Path, drafter: Path) -> None:
@@ -297,7 +304,8 @@ p = parse_dflash_draft_config(draft_hf_config=cfg)
 out = {"block_size": p.block_size, "target_layer_ids": p.target_layer_ids, "mask_token": p.mask_token,
        "mask_token_id": p.mask_token_id, "num_hidden_layers": p.num_hidden_layers,
        "num_target_layers": p.num_target_layers,
-       "sglang_ids": {f"{n},{l}": build_target_layer_ids(n, l) for n, l in [(30, 1), (30, 2), (30, 3), (36, 5), (32, 4), (8, 3)]}}
+       "sglang_ids": {f"{n},{k}": build_target_layer_ids(n, k)
+                      for n, k in [(30, 1), (30, 2), (30, 3), (36, 5), (32, 4), (8, 3)]}}
 from sglang.srt.models.dflash import DFlashDraftModel
 with get_parallel().override(tp_size=1, tp_rank=0):
     m = DFlashDraftModel(cfg)

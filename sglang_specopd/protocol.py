@@ -1,0 +1,156 @@
+"""Wire protocol between the trainer and the plugin's routes: request models and the binary tensor codec.
+
+Both sides import this module, so the client and the server cannot drift apart. Small structured data travels
+as JSON (strict pydantic models, unknown keys rejected); tensors travel as safetensors bytes whose
+``__metadata__`` carries a JSON header (:func:`encode_tensors` / :func:`decode_tensors`).
+
+Proposal trees follow the layout in the shared algorithm notes: a reference sequence ``input_ids`` (prompt +
+reference response, length P); per anchor position ``a`` (0 <= a < P, the last verified token) either K chain
+branches of draft tokens (each of length <= block_size - 1) or a general tree given by ``tokens`` + ``parents``
+(parent -1 = child of the anchor; parents point to earlier nodes only). Node at depth m sits at position a+1+m.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Dict, List, Literal, Optional, Tuple
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SCORE_TREES_PATH = "/specopd/score_trees"
+SWAP_DRAFTER_PATH = "/specopd/drafter/swap"
+DRAFTER_INFO_PATH = "/specopd/drafter"
+BINARY_CONTENT_TYPE = "application/octet-stream"
+DEFAULT_MAX_PAYLOAD_BYTES = 64 * 2**20
+
+ReturnKind = Literal["topk", "hidden", "logprobs"]
+
+
+class AnchorTree(BaseModel):
+    """The draft tokens hanging off one anchor: chain ``branches`` or a general tree (``tokens`` + ``parents``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    anchor: int = Field(ge=0)
+    branches: Optional[List[List[int]]] = None
+    tokens: Optional[List[int]] = None
+    parents: Optional[List[int]] = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> "AnchorTree":
+        if (self.branches is None) == (self.tokens is None):
+            raise ValueError("give either 'branches' or 'tokens' (+ 'parents'), not both or neither")
+        if self.tokens is not None and self.parents is not None and len(self.parents) != len(self.tokens):
+            raise ValueError(f"'parents' has {len(self.parents)} entries for {len(self.tokens)} tokens")
+        return self
+
+    def flat(self) -> Tuple[List[int], List[int]]:
+        """(node tokens, node parents within this anchor's tree) for either form."""
+        if self.branches is not None:
+            tokens, parents = [], []
+            for br in self.branches:
+                for j, t in enumerate(br):
+                    parents.append(-1 if j == 0 else len(tokens) - 1)
+                    tokens.append(t)
+            return tokens, parents
+        parents = self.parents if self.parents is not None else [-1] + list(range(len(self.tokens) - 1))
+        return list(self.tokens), list(parents)
+
+
+class ReferenceTrees(BaseModel):
+    """One reference sequence and the trees at its anchors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input_ids: List[int] = Field(min_length=1)
+    trees: List[AnchorTree] = Field(default_factory=list)
+
+
+class ScoreTreesRequest(BaseModel):
+    """``POST /specopd/score_trees``: score every node of every tree with the target in one forward per reference.
+
+    ``returns``: ``topk`` (top-k token ids and log-probs per scored row, plus the row's log-sum-exp of the raw
+    logits), ``hidden`` (the target's final normed hidden state per scored row: the trainer applies the LM head
+    itself, exact and ~V/H times smaller than full log-probs), ``logprobs`` (full log-probs, large).
+    Scored rows per reference: first every anchor row (its prediction is the first draft slot), then every node.
+    ``feature_layer_ids``: also return the target context features (SGLang's aux hidden-state capture at those
+    layer ids, the DFlash convention) for all reference positions.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    references: List[ReferenceTrees] = Field(min_length=1)
+    block_size: int = Field(ge=2, le=64)
+    returns: List[ReturnKind] = Field(default_factory=lambda: ["topk"])
+    top_k: int = Field(default=20, ge=1, le=1024)
+    feature_layer_ids: List[int] = Field(default_factory=list)
+    output_dtype: Literal["float32", "bfloat16"] = "float32"
+
+
+class ScoreTreesError(ValueError):
+    """A score_trees request that is well-formed JSON but invalid for this target (HTTP 400 with the reason)."""
+
+
+def validate_request(req: ScoreTreesRequest, vocab_size: int, num_layers: int) -> None:
+    """Check everything the server checks before any forward; raise :class:`ScoreTreesError` with the reason.
+
+    Token ids in [0, vocab); anchor < len(input_ids); every branch / tree path of length <= block_size - 1;
+    parents in [-1, index) (no cycles or forward references); feature layer ids in [0, num_layers - 1).
+    """
+    for i, ref in enumerate(req.references):
+        P = len(ref.input_ids)
+        bad = [t for t in ref.input_ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ScoreTreesError(f"references[{i}].input_ids: token id {bad[0]} outside the vocabulary [0, {vocab_size})")
+        for j, tree in enumerate(ref.trees):
+            where = f"references[{i}].trees[{j}]"
+            if tree.anchor >= P:
+                raise ScoreTreesError(f"{where}: anchor {tree.anchor} is past the reference end (length {P})")
+            if tree.branches is not None:
+                for b, br in enumerate(tree.branches):
+                    if not br:
+                        raise ScoreTreesError(f"{where}.branches[{b}] is empty")
+                    if len(br) > req.block_size - 1:
+                        raise ScoreTreesError(f"{where}.branches[{b}] has {len(br)} tokens; at most block_size - 1 = "
+                                              f"{req.block_size - 1}")
+            tokens, parents = tree.flat()
+            if not tokens:
+                raise ScoreTreesError(f"{where}: no draft tokens")
+            bad = [t for t in tokens if not 0 <= t < vocab_size]
+            if bad:
+                raise ScoreTreesError(f"{where}: token id {bad[0]} outside the vocabulary [0, {vocab_size})")
+            depth: List[int] = []
+            for n, p in enumerate(parents):
+                if p >= n or p < -1:
+                    kind = "cycle or forward reference" if p >= n else "out of range"
+                    raise ScoreTreesError(f"{where}: parents[{n}] = {p} is a {kind} (must be -1 or < {n})")
+                depth.append(0 if p == -1 else depth[p] + 1)
+            if depth and max(depth) + 1 > req.block_size - 1:
+                raise ScoreTreesError(f"{where}: a path of {max(depth) + 1} tokens is longer than block_size - 1 = "
+                                      f"{req.block_size - 1}")
+    for lid in req.feature_layer_ids:
+        if not 0 <= lid < num_layers - 1:
+            raise ScoreTreesError(f"feature layer id {lid} outside [0, {num_layers - 1}) (the last layer is excluded)")
+
+
+def encode_tensors(tensors: Dict[str, "object"], header: Optional[dict] = None) -> bytes:
+    """safetensors bytes of ``tensors`` (contiguous torch tensors) with ``header`` as JSON in the metadata."""
+    from safetensors.torch import save
+
+    meta = {"specopd": json.dumps(header or {})}
+    return save({k: v.contiguous() for k, v in tensors.items()}, metadata=meta)
+
+
+def decode_tensors(data: bytes) -> Tuple[Dict[str, "object"], dict]:
+    """Inverse of :func:`encode_tensors`: (tensors, header). Raises ``ValueError`` on a malformed payload."""
+    from safetensors import safe_open
+    from safetensors.torch import load
+
+    try:
+        tensors = load(data)
+    except Exception as exc:  # safetensors raises its own error types for truncated/garbled input
+        raise ValueError(f"malformed safetensors payload: {exc}") from None
+    header_len = int.from_bytes(data[:8], "little")
+    meta = json.loads(data[8 : 8 + header_len]).get("__metadata__", {}) or {}
+    del safe_open
+    return tensors, json.loads(meta.get("specopd", "{}"))

@@ -1,0 +1,63 @@
+"""HTTP routes the plugin adds to SGLang's FastAPI app (added by a BEFORE hook on ``launch_server``).
+
+``POST /specopd/score_trees`` (normal auth: SGLang's ``--api-key`` when set): a JSON :class:`ScoreTreesRequest`;
+the reply is ``application/octet-stream`` safetensors bytes (tensors per reference ``ref{i}.*``, JSON header in
+the metadata, decode with :func:`sglang_specopd.protocol.decode_tensors`). Bad input gets HTTP 400/413/422 with a
+reason and the server keeps serving. Payload limit: ``SPECOPD_MAX_PAYLOAD_BYTES`` (default 64 MiB).
+"""
+
+from __future__ import annotations
+
+import os
+
+from fastapi import Request
+
+from sglang_specopd.protocol import BINARY_CONTENT_TYPE, DEFAULT_MAX_PAYLOAD_BYTES, SCORE_TREES_PATH
+
+
+def max_payload_bytes() -> int:
+    return int(os.environ.get("SPECOPD_MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES))
+
+
+def _error(status: int, message: str):
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse({"error": {"code": status, "message": message}}, status_code=status)
+
+
+async def score_trees(request: Request):
+    from pydantic import ValidationError
+
+    from sglang_specopd import control
+    from sglang_specopd.protocol import ScoreTreesRequest
+    from fastapi.responses import Response
+
+    body = await request.body()
+    if len(body) > max_payload_bytes():
+        return _error(413, f"payload of {len(body)} bytes exceeds the limit of {max_payload_bytes()} bytes")
+    try:
+        req = ScoreTreesRequest.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        return _error(400, f"invalid score_trees request: {loc}: {first['msg']}" + (
+            f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""))
+    reply = await control.call("score_trees", req.model_dump_json().encode())
+    if reply.status != 200:
+        return _error(reply.status, reply.message)
+    return Response(content=reply.payload, media_type=BINARY_CONTENT_TYPE)
+
+
+def add_routes(*args, **kwargs):
+    """BEFORE hook for ``http_server.launch_server``: add the plugin's routes to SGLang's app."""
+    from sglang.srt.entrypoints.http_server import app
+
+    if not any(getattr(r, "path", None) == SCORE_TREES_PATH for r in app.routes):
+        app.add_api_route(SCORE_TREES_PATH, score_trees, methods=["POST"])
+    return None
+
+
+def register_routes() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register("sglang.srt.entrypoints.http_server.launch_server", add_routes, HookType.BEFORE)

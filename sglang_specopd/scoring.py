@@ -1,0 +1,163 @@
+"""Proposal-tree scoring inside SGLang's scheduler, on the target model it serves (no second copy).
+
+For each reference, one packed row ``[reference | nodes of every anchor tree]`` (positions and the tree mask
+from :mod:`specopd_kernels.tree`) goes through the target's own layers in ONE forward: the prefix is computed
+once and shared by every branch. Only attention changes: while a tree forward runs, ``RadixAttention.forward``
+is answered by masked attention over the row's own q/k/v (:func:`tree_attention_override`), so the KV cache is
+neither read nor written and serving state is untouched. The target's final norm and LM head are the served
+ones, so each node's scores equal those of scoring ``prefix + that branch`` as its own sequence.
+
+Masked attention: ``torch.nn.functional.scaled_dot_product_attention`` with a boolean mask (math path on CPU,
+memory-efficient kernels on GPU); the FlashInfer packed custom mask (``specopd_kernels.tree.flashinfer_custom_mask``)
+is the planned GPU fast path (not yet wired: FlashInfer is not available on the CPU machines).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+from typing import Dict, List, Tuple
+
+import torch
+
+from sglang_specopd.control import op
+from sglang_specopd.protocol import ScoreTreesRequest, encode_tensors, validate_request
+
+_TREE_MASK: contextvars.ContextVar = contextvars.ContextVar("specopd_tree_mask", default=None)
+
+
+class _TreeForwardBatch:
+    """The few ForwardBatch fields a Llama/Qwen layer stack reads outside attention; everything else is None."""
+
+    def __init__(self, num_tokens: int, device):
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        self.forward_mode = ForwardMode.EXTEND
+        self.residual_stream = None
+        self.batch_size = 1
+        self.num_tokens = num_tokens
+        self.can_run_tbo = False
+        self.device = device
+
+    def __getattr__(self, name):
+        return None
+
+
+def tree_attention_override(original_fn, self, q, k, v, forward_batch, *args, **kwargs):
+    """AROUND hook for ``RadixAttention.forward``: masked attention over the packed row during a tree forward."""
+    mask = _TREE_MASK.get()
+    if mask is None or not isinstance(forward_batch, _TreeForwardBatch):
+        return original_fn(self, q, k, v, forward_batch, *args, **kwargs)
+    T = q.shape[0]
+    qh = q.view(T, self.tp_q_head_num, self.qk_head_dim).transpose(0, 1)
+    kh = k.view(T, self.tp_k_head_num, self.qk_head_dim).transpose(0, 1)
+    vh = v.view(T, self.tp_v_head_num, self.v_head_dim).transpose(0, 1)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        qh.unsqueeze(0), kh.unsqueeze(0).to(qh.dtype), vh.unsqueeze(0).to(qh.dtype), attn_mask=mask,
+        scale=self.scaling, enable_gqa=self.tp_q_head_num != self.tp_k_head_num)
+    return out.squeeze(0).transpose(0, 1).reshape(T, self.tp_q_head_num * self.v_head_dim)
+
+
+def _target_model(scheduler):
+    return scheduler.tp_worker.model_runner.model
+
+
+def tree_forward(model, input_ids, positions, mask, capture_layer_ids=()) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+    """Run the served target on one packed row.
+
+    Args:
+        model: SGLang causal LM (``.model`` is the layer stack with ``layers_to_capture``).
+        input_ids: int64 [T]; positions: int64 [T]; mask: bool [T, T] (True = may attend).
+        capture_layer_ids: DFlash-convention layer ids whose features to return (captured as the input of layer
+            id + 1, exactly as SGLang captures them for DFLASH).
+    Returns:
+        (final normed hidden [T, H], list of features [T, H] per capture id, in order).
+    """
+    inner = model.model
+    saved = list(inner.layers_to_capture)
+    inner.layers_to_capture = [i + 1 for i in capture_layer_ids]
+    fb = _TreeForwardBatch(int(input_ids.shape[0]), input_ids.device)
+    token = _TREE_MASK.set(mask)
+    try:
+        with torch.inference_mode():
+            out = inner(input_ids, positions, fb)
+    finally:
+        _TREE_MASK.reset(token)
+        inner.layers_to_capture = saved
+    if isinstance(out, tuple):
+        hidden, aux = out
+        return hidden, list(aux)
+    return out, []
+
+
+def _lm_head_weight(model) -> torch.Tensor:
+    head = getattr(model, "lm_head", None)
+    w = getattr(head, "weight", None)
+    if w is None:
+        w = model.model.embed_tokens.weight
+    return w
+
+
+@op("score_trees")
+def score_trees_op(scheduler, payload: bytes):
+    """Scheduler op: JSON :class:`ScoreTreesRequest` bytes in, safetensors bytes out (see routes for the layout)."""
+    from specopd_kernels.tree import pack_proposal_tree
+
+    req = ScoreTreesRequest.model_validate_json(payload)
+    model = _target_model(scheduler)
+    cfg = scheduler.tp_worker.model_runner.model_config
+    validate_request(req, vocab_size=cfg.vocab_size, num_layers=cfg.num_hidden_layers)
+    device = next(model.parameters()).device
+    out_dtype = torch.float32 if req.output_dtype == "float32" else torch.bfloat16
+    head = _lm_head_weight(model)
+    tensors: Dict[str, torch.Tensor] = {}
+    header = {"references": []}
+    for i, ref in enumerate(req.references):
+        anchors, node_tokens, node_parents = [], [], []
+        for tree in ref.trees:
+            toks, pars = tree.flat()
+            anchors.append(tree.anchor)
+            node_tokens.append(toks)
+            node_parents.append(pars)
+        prefix = torch.tensor(ref.input_ids, dtype=torch.long)
+        if anchors:
+            packed = pack_proposal_tree(prefix, anchors, node_tokens, node_parents, block_size=req.block_size)
+            ids, pos, mask = packed.input_ids, packed.positions, packed.mask()
+            node_anchor = packed.node_anchor
+        else:
+            ids, pos = prefix, torch.arange(len(prefix))
+            mask = torch.ones(len(prefix), len(prefix), dtype=torch.bool).tril()
+            node_anchor = torch.empty(0, dtype=torch.long)
+        P = len(ref.input_ids)
+        hidden, feats = tree_forward(model, ids.to(device), pos.to(device), mask.to(device), req.feature_layer_ids)
+        rows = torch.cat([torch.tensor(anchors, dtype=torch.long), torch.arange(P, ids.shape[0])]).to(device)
+        h = hidden.index_select(0, rows)
+        p = f"ref{i}."
+        if "hidden" in req.returns:
+            tensors[p + "hidden"] = h.to(out_dtype).cpu()
+        if "topk" in req.returns or "logprobs" in req.returns:
+            logits = torch.matmul(h.float(), head.float().t())
+            lse = torch.logsumexp(logits, dim=-1)
+            logprobs = logits - lse[:, None]
+            if "topk" in req.returns:
+                k = min(req.top_k, logits.shape[-1])
+                vals, idx = logprobs.topk(k, dim=-1)
+                tensors[p + "topk_ids"] = idx.cpu()
+                tensors[p + "topk_logprobs"] = vals.to(out_dtype).cpu()
+                tensors[p + "lse"] = lse.cpu()
+            if "logprobs" in req.returns:
+                tensors[p + "logprobs"] = logprobs.to(out_dtype).cpu()
+        if feats:
+            tensors[p + "features"] = torch.cat([f[:P] for f in feats], dim=-1).to(out_dtype).cpu()
+        tensors[p + "node_anchor"] = node_anchor.cpu()
+        header["references"].append({"num_anchors": len(anchors), "num_nodes": int(ids.shape[0] - P),
+                                     "prefix_len": P})
+    return 200, "ok", encode_tensors(tensors, header)
+
+
+def register_scoring() -> None:
+    """Register the RadixAttention override (inert unless a tree forward is running)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register("sglang.srt.layers.radix_attention.RadixAttention.forward", tree_attention_override,
+                          HookType.AROUND)
