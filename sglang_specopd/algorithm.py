@@ -41,7 +41,8 @@ def _make_spec_class():
 def _make_worker_class():
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-    from sglang_specopd.traces import record_verify_step, wants_trace
+    from sglang_specopd.hot_swap import current_version
+    from sglang_specopd.traces import record_verify_step, record_versions, wants_trace
 
     class SpecOPDWorker(DFlashWorkerV2):
         """``DFlashWorkerV2`` that records (anchor, proposed tokens, accepted count) per verify step."""
@@ -58,6 +59,8 @@ def _make_worker_class():
         def _accept_block(self, **kwargs):
             out = super()._accept_block(**kwargs)
             reqs = self._specopd_reqs
+            if reqs:
+                record_versions(reqs, current_version())
             if reqs and any(wants_trace(r) for r in reqs):
                 candidates = kwargs["candidates"]
                 record_verify_step(

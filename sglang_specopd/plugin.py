@@ -27,6 +27,7 @@ def register() -> None:
 
     register_fixes()
     register_algorithm()
+    import sglang_specopd.hot_swap  # noqa: F401  (registers the swap_drafter / drafter_info ops)
     from sglang_specopd.control import register_control
     from sglang_specopd.routes import register_routes
     from sglang_specopd.scoring import register_scoring

@@ -154,3 +154,85 @@ def decode_tensors(data: bytes) -> Tuple[Dict[str, "object"], dict]:
     meta = json.loads(data[8 : 8 + header_len]).get("__metadata__", {}) or {}
     del safe_open
     return tensors, json.loads(meta.get("specopd", "{}"))
+
+
+_INT_DTYPES = ("torch.int32", "torch.int64")
+
+
+def request_to_binary(req: ScoreTreesRequest) -> bytes:
+    """Binary form of a request (tensors per reference, options in the header); the server accepts either."""
+    import torch
+
+    tensors = {}
+    for i, ref in enumerate(req.references):
+        toks, pars, owner = [], [], []
+        for j, tree in enumerate(ref.trees):
+            t, p = tree.flat()
+            toks += t
+            pars += p
+            owner += [j] * len(t)
+        tensors[f"ref{i}.input_ids"] = torch.tensor(ref.input_ids, dtype=torch.int64)
+        tensors[f"ref{i}.anchors"] = torch.tensor([t.anchor for t in ref.trees], dtype=torch.int64)
+        tensors[f"ref{i}.node_tokens"] = torch.tensor(toks, dtype=torch.int64)
+        tensors[f"ref{i}.node_parents"] = torch.tensor(pars, dtype=torch.int64)
+        tensors[f"ref{i}.node_anchor"] = torch.tensor(owner, dtype=torch.int64)
+    header = req.model_dump(exclude={"references"})
+    header["num_references"] = len(req.references)
+    return encode_tensors(tensors, header)
+
+
+def request_from_binary(data: bytes) -> ScoreTreesRequest:
+    """Parse the binary form; raises :class:`ScoreTreesError` (wrong dtype, missing tensor) or ``ValueError``."""
+    tensors, header = decode_tensors(data)
+    n = header.pop("num_references", None)
+    if not isinstance(n, int) or n < 1:
+        raise ScoreTreesError("binary payload header needs num_references >= 1")
+    refs = []
+    for i in range(n):
+        parts = {}
+        for name in ("input_ids", "anchors", "node_tokens", "node_parents", "node_anchor"):
+            key = f"ref{i}.{name}"
+            if key not in tensors:
+                raise ScoreTreesError(f"binary payload is missing tensor {key!r}")
+            t = tensors[key]
+            if str(t.dtype) not in _INT_DTYPES or t.dim() != 1:
+                raise ScoreTreesError(f"tensor {key!r} must be a 1-D int32/int64 tensor, got {t.dtype} "
+                                      f"with shape {tuple(t.shape)}")
+            parts[name] = t.tolist()
+        if not (len(parts["node_tokens"]) == len(parts["node_parents"]) == len(parts["node_anchor"])):
+            raise ScoreTreesError(f"ref{i}: node_tokens, node_parents and node_anchor differ in length")
+        trees = []
+        for j, a in enumerate(parts["anchors"]):
+            idx = [k for k, o in enumerate(parts["node_anchor"]) if o == j]
+            trees.append({"anchor": a, "tokens": [parts["node_tokens"][k] for k in idx],
+                          "parents": [parts["node_parents"][k] for k in idx]})
+        bad = [o for o in parts["node_anchor"] if not 0 <= o < len(parts["anchors"])]
+        if bad:
+            raise ScoreTreesError(f"ref{i}: node_anchor {bad[0]} does not index an anchor")
+        refs.append({"input_ids": parts["input_ids"], "trees": trees})
+    return ScoreTreesRequest.model_validate({**header, "references": refs})
+
+
+def tensors_digest(tensors: Dict[str, "object"]) -> str:
+    """sha256 over (name, dtype, shape, raw bytes) of every tensor in name order: the swap checksum."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        h.update(name.encode())
+        h.update(str(t.dtype).encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.view(-1).view(torch_uint8()).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def torch_uint8():
+    import torch
+
+    return torch.uint8
+
+
+def swap_payload(config: dict, tensors: Dict[str, "object"], version: str) -> bytes:
+    """The binary body of ``POST /specopd/drafter/swap`` (config + version + checksum in the metadata)."""
+    return encode_tensors(tensors, {"config": config, "version": version, "sha256_of_tensors": tensors_digest(tensors)})

@@ -1,5 +1,8 @@
 """HTTP routes the plugin adds to SGLang's FastAPI app (added by a BEFORE hook on ``launch_server``).
 
+``POST /specopd/drafter/swap`` (admin: SGLang's ADMIN_FORCE level, so ``--admin-api-key`` is required and
+checked by SGLang's own auth middleware) and ``GET /specopd/drafter`` (version and spec of the serving drafter).
+
 ``POST /specopd/score_trees`` (normal auth: SGLang's ``--api-key`` when set): a JSON :class:`ScoreTreesRequest`;
 the reply is ``application/octet-stream`` safetensors bytes (tensors per reference ``ref{i}.*``, JSON header in
 the metadata, decode with :func:`sglang_specopd.protocol.decode_tensors`). Bad input gets HTTP 400/413/422 with a
@@ -12,7 +15,13 @@ import os
 
 from fastapi import Request
 
-from sglang_specopd.protocol import BINARY_CONTENT_TYPE, DEFAULT_MAX_PAYLOAD_BYTES, SCORE_TREES_PATH
+from sglang_specopd.protocol import (
+    BINARY_CONTENT_TYPE,
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    DRAFTER_INFO_PATH,
+    SCORE_TREES_PATH,
+    SWAP_DRAFTER_PATH,
+)
 
 
 def max_payload_bytes() -> int:
@@ -29,31 +38,76 @@ async def score_trees(request: Request):
     from pydantic import ValidationError
 
     from sglang_specopd import control
-    from sglang_specopd.protocol import ScoreTreesRequest
+    from sglang_specopd.protocol import ScoreTreesError, ScoreTreesRequest, request_from_binary
     from fastapi.responses import Response
 
     body = await request.body()
     if len(body) > max_payload_bytes():
         return _error(413, f"payload of {len(body)} bytes exceeds the limit of {max_payload_bytes()} bytes")
     try:
-        req = ScoreTreesRequest.model_validate_json(body)
+        if request.headers.get("content-type", "").startswith(BINARY_CONTENT_TYPE):
+            req = request_from_binary(body)
+        else:
+            req = ScoreTreesRequest.model_validate_json(body)
+    except ScoreTreesError as exc:
+        return _error(400, str(exc))
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
         return _error(400, f"invalid score_trees request: {loc}: {first['msg']}" + (
             f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""))
+    except ValueError as exc:  # malformed binary payload
+        return _error(400, str(exc))
     reply = await control.call("score_trees", req.model_dump_json().encode())
     if reply.status != 200:
         return _error(reply.status, reply.message)
     return Response(content=reply.payload, media_type=BINARY_CONTENT_TYPE)
 
 
+async def swap_drafter(request: Request):
+    """Admin: swap the serving drafter's weights (see :mod:`sglang_specopd.hot_swap`); 200 JSON or 4xx reason."""
+    import json
+
+    from fastapi.responses import JSONResponse
+
+    from sglang_specopd import control
+
+    body = await request.body()
+    if len(body) > max_payload_bytes():
+        return _error(413, f"payload of {len(body)} bytes exceeds the limit of {max_payload_bytes()} bytes")
+    if not body:
+        return _error(400, "empty body: send drafter safetensors bytes or JSON {\"path\": DIR}")
+    reply = await control.call("swap_drafter", body)
+    if reply.status != 200:
+        return _error(reply.status, reply.message)
+    return JSONResponse(json.loads(reply.payload))
+
+
+async def drafter_info(request: Request):
+    """The serving drafter's version, swap count, checkpoint path and spec."""
+    import json
+
+    from fastapi.responses import JSONResponse
+
+    from sglang_specopd import control
+
+    reply = await control.call("drafter_info")
+    if reply.status != 200:
+        return _error(reply.status, reply.message)
+    return JSONResponse(json.loads(reply.payload))
+
+
 def add_routes(*args, **kwargs):
     """BEFORE hook for ``http_server.launch_server``: add the plugin's routes to SGLang's app."""
     from sglang.srt.entrypoints.http_server import app
 
+    from sglang.srt.utils.auth import AuthLevel, auth_level
+
     if not any(getattr(r, "path", None) == SCORE_TREES_PATH for r in app.routes):
         app.add_api_route(SCORE_TREES_PATH, score_trees, methods=["POST"])
+        # ADMIN_FORCE: SGLang's auth middleware requires --admin-api-key (403 when none is configured).
+        app.add_api_route(SWAP_DRAFTER_PATH, auth_level(AuthLevel.ADMIN_FORCE)(swap_drafter), methods=["POST"])
+        app.add_api_route(DRAFTER_INFO_PATH, drafter_info, methods=["GET"])
     return None
 
 

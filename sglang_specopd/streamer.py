@@ -2,12 +2,13 @@
 
 Uses SGLang's own extension point for extra per-request output (``SchedulerOutputStreamer``'s
 ``has_additional_customized_info`` / ``build_additional_customized_info``); the tokenizer manager appends each
-step's records to ``meta_info["specopd_trace"]``.
+step's records to ``meta_info["specopd_trace"]`` (only for requests that asked) and the drafter versions that
+proposed for the request to ``meta_info["specopd_drafter_versions"]`` (always, on speculative servers).
 """
 
 from __future__ import annotations
 
-from sglang_specopd.traces import TRACE_KEY, take_pending, wants_trace
+from sglang_specopd.traces import TRACE_KEY, VERSIONS_KEY, take_pending, take_pending_versions, wants_trace
 
 
 def _make_streamer_class():
@@ -15,21 +16,15 @@ def _make_streamer_class():
 
     class SpecOPDOutputStreamer(SchedulerOutputStreamer):
         has_additional_customized_info = True
-        _specopd_reqs_this_call = ()
-
-        def _stream_output_generation(self, reqs, return_logprob, skip_req=None, is_idle_batch=False):
-            # Only build the extra field when some request in this batch asked for a trace.
-            SpecOPDOutputStreamer._specopd_reqs_this_call = reqs
-            try:
-                return super()._stream_output_generation(reqs, return_logprob, skip_req, is_idle_batch)
-            finally:
-                SpecOPDOutputStreamer._specopd_reqs_this_call = ()
 
         def should_build_additional_customized_info(self) -> bool:
-            return any(wants_trace(r) for r in SpecOPDOutputStreamer._specopd_reqs_this_call)
+            return self.spec_algorithm.is_speculative()
 
         def build_additional_customized_info(self, reqs):
-            return {TRACE_KEY: [take_pending(r) for r in reqs]}
+            out = {VERSIONS_KEY: [take_pending_versions(r) for r in reqs]}
+            if any(wants_trace(r) for r in reqs):
+                out[TRACE_KEY] = [take_pending(r) for r in reqs]
+            return out
 
     return SpecOPDOutputStreamer
 

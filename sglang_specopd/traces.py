@@ -55,3 +55,31 @@ def take_pending(req: Any) -> List[dict]:
         return []
     setattr(req, _PENDING_ATTR, [])
     return pending
+
+
+VERSIONS_KEY = "specopd_drafter_versions"
+_VERSIONS_ATTR = "_specopd_versions_seen"
+_VERSIONS_PENDING = "_specopd_versions_pending"
+
+
+def record_versions(reqs: Sequence[Any], version: str) -> None:
+    """Note that ``version`` of the drafter proposed for every request in ``reqs`` at this verify step."""
+    for req in reqs:
+        seen = getattr(req, _VERSIONS_ATTR, None)
+        if seen is None:
+            seen = []
+            setattr(req, _VERSIONS_ATTR, seen)
+        if not seen or seen[-1] != version:
+            seen.append(version)
+            pending = getattr(req, _VERSIONS_PENDING, None) or []
+            pending.append(version)
+            setattr(req, _VERSIONS_PENDING, pending)
+
+
+def take_pending_versions(req: Any) -> List[str]:
+    """Drafter versions first used by ``req`` since its last streamed output (appended to meta_info)."""
+    pending = getattr(req, _VERSIONS_PENDING, None)
+    if not pending:
+        return []
+    setattr(req, _VERSIONS_PENDING, [])
+    return pending

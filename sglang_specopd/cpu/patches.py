@@ -12,7 +12,9 @@ time and otherwise defers to SGLang's original code, so nothing here changes GPU
 4. ``DFlashAttention.use_table_qk_norm_rope = False`` on CPU (its fused Triton qk-norm/rope needs a GPU driver).
 5. ``TorchNativeAttnBackend.forward_extend`` handles TARGET_VERIFY (prefix/extend lengths derived from
    ``spec_info.draft_token_num``, as intel_amx_backend.py does) with a chain (causal) or tree (custom) mask.
-6. DFLASH draft model under ``--dtype float32``: see :func:`fix_draft_embedding_dtype`.
+6. (device-independent, so it lives in :mod:`sglang_specopd.fixes`): DFLASH under ``--dtype float32``.
+7. Lossless DFLASH sampling verification (temperature > 0): SGLang has no CPU op and silently falls back to
+   greedy verification; :mod:`sglang_specopd.cpu.sampling_verify` provides the op in torch.
 """
 
 from __future__ import annotations
@@ -152,4 +154,7 @@ def register_cpu_adaptations() -> None:
         HookType.AROUND,
     )
     install_record_stream_noop()
+    from sglang_specopd.cpu.sampling_verify import install as install_sampling_verify
+
+    install_sampling_verify()
     logger.info("sglang-specopd: CPU adaptations registered")

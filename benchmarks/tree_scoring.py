@@ -1,0 +1,151 @@
+"""Tree scoring throughput: ``/specopd/score_trees`` vs stock SGLang per-branch scoring, same server, same run.
+
+For each case (anchors x branches x block size x prefix length) on SmolLM2-135M-Instruct: a reference of the
+given length (the target's own greedy continuation of a chat prompt), random draft branches at evenly spaced
+anchors, then
+  * tree: one ``score_trees`` call (one target forward over [reference | all branches], top-20 log-probs);
+  * baseline: stock SGLang at its best: ONE batched ``/generate`` call with every ``reference[:a+1] + branch``
+    as its own sequence, ``max_new_tokens`` 1 (the last row's scores), radix cache on and warmed with the reference (shared prefixes are
+    reused), log-probs only from the anchor row on (``logprob_start_len``), top-20.
+Supervised tokens = anchors x branches x (block_size - 1) scored draft tokens. The exactness check compares the
+top-1 log-prob of every scored row between the two paths (``max_abs_logprob_diff``, float32).
+
+    python benchmarks/tree_scoring.py [--out benchmarks/results/tree_scoring_cpu.json] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+
+import httpx
+
+CASES = [  # (anchors, branches, block_size, prefix_len)
+    (16, 4, 8, 512),
+    (8, 4, 8, 256),
+    (16, 8, 8, 512),
+    (32, 4, 8, 512),
+]
+TOP_K = 20
+
+
+def make_reference(client, url, tok, length: int):
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Write a long, detailed essay about the history "
+                                       "of computing, from the abacus to modern GPUs."}],
+                                     add_generation_prompt=True, tokenize=True, return_dict=False)
+    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": length - len(prompt), "temperature": 0,
+                                                     "ignore_eos": True}}
+    out = client.post(url + "/generate", json=body, timeout=1200).json()
+    return (prompt + out["output_ids"])[:length]
+
+
+def tree_call(client, url, ref, anchors, branches, block_size):
+    req = {"references": [{"input_ids": ref, "trees": [{"anchor": a, "branches": brs} for a, brs in
+                                                       zip(anchors, branches)]}],
+           "block_size": block_size, "returns": ["topk"], "top_k": TOP_K}
+    t0 = time.perf_counter()
+    r = client.post(url + "/specopd/score_trees", json=req, timeout=1200)
+    dt = time.perf_counter() - t0
+    r.raise_for_status()
+    from sglang_specopd.protocol import decode_tensors
+
+    tensors, _ = decode_tensors(r.content)
+    return dt, tensors
+
+
+def baseline_call(client, url, ref, anchors, branches):
+    seqs, starts = [], []
+    for a, brs in zip(anchors, branches):
+        for br in brs:
+            seqs.append(ref[: a + 1] + br)
+            starts.append(a)
+    # max_new_tokens 1: the last draft token's row comes back as the first output token's top log-probs.
+    body = {"input_ids": seqs, "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+            "return_logprob": True, "logprob_start_len": starts, "top_logprobs_num": TOP_K}
+    t0 = time.perf_counter()
+    r = client.post(url + "/generate", json=body, timeout=1200)
+    dt = time.perf_counter() - t0
+    r.raise_for_status()
+    return dt, r.json()
+
+
+def exactness(tensors, base, anchors, branches) -> float:
+    """Max |top-1 log-prob(tree) - top-1 log-prob(baseline)| over every scored row."""
+    n_anchor = len(anchors)
+    lp = tensors["ref0.topk_logprobs"]
+    worst, node, seq = 0.0, 0, 0
+    for ai, brs in enumerate(branches):
+        for br in brs:
+            meta = base[seq]["meta_info"]
+            # input_top_logprobs[0] is None (the anchor position itself); [1] is the anchor row (predicts draft
+            # token 0); [j+2] is draft token j's row; the last draft token's row is output_top_logprobs[0].
+            rows = meta["input_top_logprobs"][1:] + [meta["output_top_logprobs"][0]]
+            worst = max(worst, abs(rows[0][0][0] - float(lp[ai][0])))
+            for j in range(len(br)):
+                worst = max(worst, abs(rows[j + 1][0][0] - float(lp[n_anchor + node + j][0])))
+            node += len(br)
+            seq += 1
+    return worst
+
+
+def run_case(client, url, tok, vocab, case, refs_cache, repeats, rng):
+    A, K, B, P = case
+    if P not in refs_cache:
+        refs_cache[P] = make_reference(client, url, tok, P)
+    ref = refs_cache[P]
+    anchors = [int(P * 0.2 + i * (P * 0.8 - 1) / A) for i in range(A)]
+    branches = [[[rng.randrange(vocab) for _ in range(B - 1)] for _ in range(K)] for _ in anchors]
+    client.post(url + "/generate", json={"input_ids": ref, "sampling_params": {"max_new_tokens": 1}})  # warm radix
+    tree_t, base_t = [], []
+    for _ in range(repeats):
+        dt, tensors = tree_call(client, url, ref, anchors, branches, B)
+        tree_t.append(dt)
+        dt, base = baseline_call(client, url, ref, anchors, branches)
+        base_t.append(dt)
+    tokens = A * K * (B - 1)
+    tree_s, base_s = min(tree_t), min(base_t)
+    res = {"anchors": A, "branches": K, "block_size": B, "prefix_len": P, "supervised_tokens": tokens,
+           "tree_s": tree_s, "per_branch_s": base_s, "tree_tokens_per_s": tokens / tree_s,
+           "per_branch_tokens_per_s": tokens / base_s, "ratio": base_s / tree_s,
+           "max_abs_logprob_diff": exactness(tensors, base, anchors, branches),
+           "tree_s_all": tree_t, "per_branch_s_all": base_t}
+    print(f"case {case}: tree {res['tree_tokens_per_s']:.0f} tok/s, per-branch {res['per_branch_tokens_per_s']:.0f} "
+          f"tok/s, ratio {res['ratio']:.1f}x, max |dlogp| {res['max_abs_logprob_diff']:.2e}", file=sys.stderr)
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="benchmarks/results/tree_scoring_cpu.json")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--port", type=int, default=31200)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--tolerance", type=float, default=1e-4)
+    args = ap.parse_args(argv)
+
+    from transformers import AutoTokenizer
+
+    from sglang_specopd.config import ServeConfig
+    from sglang_specopd.launch import SGLangServer
+    from sglang_specopd.models import resolve_target
+    from sglang_specopd.results import write_result
+    from sglang_specopd.serve import config_path, launch_spec
+
+    tok = AutoTokenizer.from_pretrained(resolve_target("smollm2"))
+    cfg = ServeConfig.load(config_path("cpu-smollm2-plain")).model_copy(update={"dtype": args.dtype})
+    rng = random.Random(0)
+    with SGLangServer(launch_spec(cfg, port=args.port)) as server, httpx.Client(timeout=1800) as client:
+        refs = {}
+        cases = [run_case(client, server.url, tok, len(tok), c, refs, args.repeats, rng) for c in CASES]
+    ok = all(c["max_abs_logprob_diff"] <= args.tolerance for c in cases)
+    write_result(args.out, {"target": "SmolLM2-135M-Instruct", "dtype": args.dtype, "top_k": TOP_K,
+                            "exactness_tolerance": args.tolerance, "exactness_ok": ok, "cases": cases},
+                 command="python " + " ".join(sys.argv))
+    print(f"wrote {args.out}; exactness {'ok' if ok else 'FAILED'}", file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,358 @@
+"""Shared fixtures: tiny targets/drafters, the prepared SmolLM2 target, real SGLang servers, orphan checks.
+
+Server fixtures start real ``python -m sglang.launch_server`` processes through :class:`LaunchSpec` +
+:class:`SGLangServer` on free ports, always inside ``with`` so the whole process group is torn down, and check
+after teardown that no process of that server is left (:func:`assert_no_orphans`).
+
+Costs on a 2-core CPU machine: ~30-45 s and ~1.5 GB per SGLang process (3 per server) to start. To keep the
+suite short and never run two servers at once:
+
+* each *plain* reference server lives only inside its ``*_plain_outputs`` fixture: it starts, answers the fixed
+  prompts, and is stopped before the fixture returns (the outputs are plain data);
+* each SPECOPD server fixture depends on the matching ``*_plain_outputs`` fixture, so the plain server is always
+  gone before the SPECOPD server starts, whatever order the tests run in;
+* server fixtures are module-scoped: every one is used by a single test module, so this still starts each server
+  at most once per session, and it is stopped when its module ends instead of at the end of the session (a tiny
+  SPECOPD server would otherwise still be running while the SmolLM2 servers start).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List, Optional
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Environment variable stamped on every server the tests start (inherited by all of SGLang's processes, which
+# rename themselves, e.g. "sglang::scheduler", so their command lines do not show the port).
+TEST_TAG_ENV = "SPECOPD_TEST_PROCESS_TAG"
+SERVER_START_TIMEOUT_S = 420.0
+
+# ---------------------------------------------------------------------------------------------------------------
+# Orphan-process checks
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _process_matches(proc, port: Optional[int], tag: Optional[str]) -> bool:
+    import psutil
+
+    try:
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        if port is not None:
+            cmdline = proc.cmdline()
+            if any(str(port) == part or part.endswith(f"={port}") or part.endswith(f":{port}") for part in cmdline):
+                return True
+        if tag is not None:
+            try:
+                env = proc.environ()
+            except (psutil.AccessDenied, OSError):
+                env = {}
+            if env.get(TEST_TAG_ENV) == tag:
+                return True
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return False
+    return False
+
+
+def find_server_processes(port: Optional[int] = None, tag: Optional[str] = None) -> List[str]:
+    """Live (non-zombie) processes whose command line contains ``port`` or whose environment carries ``tag``."""
+    import psutil
+
+    me = os.getpid()
+    out = []
+    for proc in psutil.process_iter():
+        if proc.pid == me:
+            continue
+        if _process_matches(proc, port, tag):
+            try:
+                out.append(f"pid {proc.pid}: {' '.join(proc.cmdline())[:200] or proc.name()}")
+            except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+                continue
+    return out
+
+
+def assert_no_orphans(port: Optional[int] = None, tag: Optional[str] = None, timeout: float = 15.0) -> None:
+    """Fail unless, within ``timeout`` seconds, no process matches ``port`` (command line) or ``tag`` (environment).
+
+    A short grace period covers processes that were sent SIGKILL and are just being reaped.
+    """
+    assert port is not None or tag is not None
+    deadline = time.monotonic() + timeout
+    left = find_server_processes(port, tag)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.25)
+        left = find_server_processes(port, tag)
+    assert not left, f"orphan server processes left behind (port {port}, tag {tag}):\n" + "\n".join(left)
+
+
+@pytest.fixture(scope="session")
+def no_orphans() -> Callable[..., None]:
+    """The :func:`assert_no_orphans` helper, for tests: ``no_orphans(port=..., tag=...)``."""
+    return assert_no_orphans
+
+
+def new_process_tag() -> str:
+    return f"specopd-test-{uuid.uuid4().hex[:12]}"
+
+
+@contextlib.contextmanager
+def _env_var(name: str, value: str) -> Iterator[None]:
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Running servers
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunningServer:
+    """What a test needs from a running server fixture."""
+
+    url: str
+    port: int
+    spec: object  # sglang_specopd.launch.LaunchSpec
+    log_path: Path
+    tag: str
+    time_to_healthy_s: float
+    block_size: Optional[int] = None
+    api_key: Optional[str] = None
+    extra: Dict[str, object] = field(default_factory=dict)
+
+    @property
+    def headers(self) -> Dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def post(self, path: str, payload: dict, timeout: float = 300.0, **kw):
+        import httpx
+
+        headers = {**self.headers, **kw.pop("headers", {})}
+        return httpx.post(self.url + path, json=payload, headers=headers, timeout=timeout, **kw)
+
+    def generate(self, text: str, max_new_tokens: int, *, trace: Optional[bool] = None, ignore_eos: bool = True,
+                 **sampling) -> dict:
+        params = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos, **sampling}
+        if trace is not None:
+            params["custom_params"] = {"specopd_trace": trace}
+        r = self.post("/generate", {"text": text, "sampling_params": params})
+        assert r.status_code == 200, f"/generate -> {r.status_code}: {r.text[:500]}"
+        return r.json()
+
+
+@contextlib.contextmanager
+def running_server(spec, log_dir: Path, name: str) -> Iterator[RunningServer]:
+    """Start ``spec`` (tagged), yield a :class:`RunningServer` inside ``with SGLangServer``, tear down, check orphans."""
+    from sglang_specopd.launch import SGLangServer
+
+    tag = new_process_tag()
+    log_path = log_dir / f"{name}.log"
+    server = SGLangServer(spec, log_path=log_path)
+    try:
+        with _env_var(TEST_TAG_ENV, tag):
+            server.start(timeout=SERVER_START_TIMEOUT_S)  # raises ServeError with SGLang's log tail on failure
+        with server:
+            yield RunningServer(url=server.url, port=spec.port, spec=spec, log_path=log_path, tag=tag,
+                                time_to_healthy_s=float(server.time_to_healthy_s or 0.0),
+                                block_size=spec.block_size if spec.drafter_path else None, api_key=spec.api_key)
+    finally:
+        server.stop()
+        assert_no_orphans(port=spec.port, tag=tag)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Targets and drafters
+# ---------------------------------------------------------------------------------------------------------------
+
+TINY_BLOCK_SIZE = 4
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random fp32 Llama target (hidden 64, 4 layers, tied embeddings, offline BPE tokenizer)."""
+    from sglang_specopd.tiny_target import make_tiny_target
+
+    path = make_tiny_target(tmp_path_factory.mktemp("tiny-target") / "llama", seed=0)
+    assert json.loads((path / "config.json").read_text())["dtype"] == "float32"
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_drafter(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random 2-layer, block-4 DFlash drafter for :func:`tiny_target` (fp32)."""
+    from sglang_specopd.drafter_init import init_drafter
+
+    out = tmp_path_factory.mktemp("tiny-drafter") / "drafter"
+    init_drafter(tiny_target, out, block_size=TINY_BLOCK_SIZE, num_layers=2, seed=0)
+    return out
+
+
+def make_accepting_target(target: Path, mask_token_id: int, out: Path, *, strength: float = 3.0,
+                          along_mask: float = 0.5, seed: int = 1) -> Path:
+    """Copy of a tiny tied target whose untied LM head makes a *random* drafter's guesses sometimes right.
+
+    A freshly initialised drafter barely moves the residual stream, so at its mask positions it proposes the mask
+    token itself. This target gets an untied random LM head whose row for the mask token points along a fixed
+    direction (partly along the mask token's embedding): greedy decoding then emits the mask token in runs that
+    start and stop depending on the context, so verify steps accept 0..block_size-1 drafts. (With the unmodified
+    target a random drafter is never right, and acceptance > 0 paths would go untested.)
+    Everything else (tokenizer, layers, dims) is the original's, so the same drafter fits both.
+    """
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(target, out)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["tie_word_embeddings"] = False
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    tensors = load_file(str(target / "model.safetensors"))
+    emb = tensors["model.embed_tokens.weight"]
+    hidden = emb.shape[1]
+    head = torch.randn(emb.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float32) * 0.02
+    e_mask = emb[mask_token_id] / emb[mask_token_id].norm()
+    v = torch.randn(hidden, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float32)
+    v -= (v @ e_mask) * e_mask
+    v /= v.norm()
+    u = v + along_mask * e_mask
+    head[mask_token_id] = strength * 0.16 * u / u.norm()
+    tensors["lm_head.weight"] = head.contiguous()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_serving_target(tiny_target: Path, tiny_drafter: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny target the tiny servers run: :func:`make_accepting_target` of :func:`tiny_target` (fp32)."""
+    from sglang_specopd.drafter_check import check_drafter
+
+    mask_id = json.loads((tiny_drafter / "config.json").read_text())["dflash_config"]["mask_token_id"]
+    out = make_accepting_target(tiny_target, int(mask_id), tmp_path_factory.mktemp("tiny-serving") / "llama")
+    assert check_drafter(tiny_drafter, out) == [], "the tiny drafter must fit the serving target too"
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_target() -> Path:
+    """The prepared SmolLM2-135M-Instruct target; skipped when not prepared, unless SPECOPD_REQUIRE_SMOLLM2=1."""
+    from sglang_specopd.models import TargetNotFoundError, resolve_target
+
+    try:
+        return resolve_target("smollm2")
+    except TargetNotFoundError as exc:
+        if os.environ.get("SPECOPD_REQUIRE_SMOLLM2", "").strip() == "1":
+            pytest.fail(f"SPECOPD_REQUIRE_SMOLLM2=1 but the SmolLM2 target is not prepared: {exc}")
+        pytest.skip(f"SmolLM2 target not prepared ({exc})")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tiny servers (fp32): plain reference outputs, then one SPECOPD server
+# ---------------------------------------------------------------------------------------------------------------
+
+TINY_PROMPTS = (
+    "Return the sum of the arguments.",
+    "Hello world",
+    "def add(a, b):",
+    "import os\n",
+)
+TINY_NEW_TOKENS = 32
+
+
+def tiny_launch_spec(target: Path, port: int, drafter: Optional[Path] = None):
+    from sglang_specopd.launch import LaunchSpec
+
+    return LaunchSpec(
+        model_path=str(target), port=port, device="cpu", dtype="float32", attention_backend="torch_native",
+        max_total_tokens=4096, disable_cuda_graph=True, disable_overlap_schedule=True, sleep_on_idle=True,
+        drafter_path=str(drafter) if drafter else None, speculative_algorithm="SPECOPD" if drafter else None,
+        block_size=TINY_BLOCK_SIZE if drafter else None,
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_plain_outputs(tiny_serving_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Dict[str, List[int]]:
+    """Greedy output ids of a PLAIN fp32 server for :data:`TINY_PROMPTS` (the server is stopped on return)."""
+    from sglang_specopd.launch import free_port
+
+    spec = tiny_launch_spec(tiny_serving_target, free_port())
+    with running_server(spec, tmp_path_factory.mktemp("logs"), "tiny-plain") as srv:
+        return {p: srv.generate(p, TINY_NEW_TOKENS)["output_ids"] for p in TINY_PROMPTS}
+
+
+@pytest.fixture(scope="module")
+def tiny_specopd_server(tiny_plain_outputs, tiny_serving_target: Path, tiny_drafter: Path,
+                        tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A SPECOPD fp32 server (tiny target + block-4 drafter), started after the plain reference server stopped."""
+    from sglang_specopd.launch import free_port
+
+    spec = tiny_launch_spec(tiny_serving_target, free_port(), tiny_drafter)
+    with running_server(spec, tmp_path_factory.mktemp("logs"), "tiny-specopd") as srv:
+        yield srv
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# SmolLM2 servers (fp32, cpu-smollm2-fp32.yaml): plain reference outputs, then one SPECOPD server with an API key
+# ---------------------------------------------------------------------------------------------------------------
+
+SMOLLM2_CONFIG = "cpu-smollm2-fp32"
+SMOLLM2_PROMPTS = (
+    "The capital of France is",
+    "Write a short poem about the sea.\n",
+    "def fibonacci(n):",
+)
+SMOLLM2_NEW_TOKENS = 48
+SMOLLM2_API_KEY = "specopd-test-key"
+# The shipped config reserves 65536 KV tokens (~3 GB in fp32 for SmolLM2); the tests need a few hundred.
+SMOLLM2_TEST_MAX_TOTAL_TOKENS = 8192
+
+
+def smollm2_config(**update):
+    from sglang_specopd.config import ServeConfig
+    from sglang_specopd.serve import config_path
+
+    cfg = ServeConfig.load(config_path(SMOLLM2_CONFIG))
+    assert cfg.dtype == "float32" and cfg.device == "cpu"
+    return cfg.model_copy(update={"max_total_tokens": SMOLLM2_TEST_MAX_TOTAL_TOKENS, **update})
+
+
+@pytest.fixture(scope="module")
+def smollm2_plain_outputs(smollm2_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Dict[str, List[int]]:
+    """Greedy output ids of a PLAIN fp32 SmolLM2 server for :data:`SMOLLM2_PROMPTS` (stopped on return)."""
+    from sglang_specopd.launch import free_port
+    from sglang_specopd.serve import launch_spec
+
+    spec = launch_spec(smollm2_config(drafter=None, speculative_algorithm=None), port=free_port())
+    assert spec.drafter_path is None and spec.dtype == "float32"
+    with running_server(spec, tmp_path_factory.mktemp("logs"), "smollm2-plain") as srv:
+        return {p: srv.generate(p, SMOLLM2_NEW_TOKENS)["output_ids"] for p in SMOLLM2_PROMPTS}
+
+
+@pytest.fixture(scope="module")
+def smollm2_specopd_server(smollm2_plain_outputs, smollm2_target: Path,
+                           tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """SPECOPD fp32 SmolLM2 server with the config's default drafter, requiring :data:`SMOLLM2_API_KEY`."""
+    from sglang_specopd.launch import free_port
+    from sglang_specopd.serve import launch_spec
+
+    spec = launch_spec(smollm2_config(), port=free_port(), api_key=SMOLLM2_API_KEY)
+    assert spec.speculative_algorithm == "SPECOPD" and spec.drafter_path and spec.dtype == "float32"
+    with running_server(spec, tmp_path_factory.mktemp("logs"), "smollm2-specopd") as srv:
+        yield srv

@@ -1,0 +1,274 @@
+"""Response regeneration into the JSONL cache (trainer/collect.py): real tiny SPECOPD server + stub servers.
+
+The tiny SGLang server (:func:`tiny_eval_server`) is shared with ``test_evaluate.py``: it starts once, at the
+first test that needs it, and stops right after the last such test of the session, so both modules together
+pay for one server start. Failures in the middle of a run are simulated with a stub HTTP server, never by killing
+SGLang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Tuple
+
+import pytest
+
+from conftest import TINY_BLOCK_SIZE, running_server
+
+# ----------------------------------------------------------------------------------------------------------------
+# Shared fixtures (imported by test_evaluate.py)
+# ----------------------------------------------------------------------------------------------------------------
+
+_SHARED: dict = {}
+SERVER_FIXTURE = "tiny_eval_server"
+
+
+def _stop_shared() -> None:
+    cm = _SHARED.pop("cm", None)
+    _SHARED.pop("server", None)
+    if cm is not None:
+        cm.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def _tiny_eval_server_guard() -> Iterator[None]:
+    """Safety net: whatever happens (-x, interrupts), the shared server is gone at the end of the session."""
+    yield
+    _stop_shared()
+
+
+@pytest.fixture
+def tiny_eval_server(request, _tiny_eval_server_guard, tiny_serving_target: Path, tiny_drafter: Path,
+                     tmp_path_factory: pytest.TempPathFactory):
+    """A SPECOPD fp32 server on the tiny target with the random block-4 drafter (started once, see module doc)."""
+    from sglang_specopd.launch import LaunchSpec, free_port
+
+    if "server" not in _SHARED:
+        spec = LaunchSpec(model_path=str(tiny_serving_target), port=free_port(), device="cpu", dtype="float32",
+                          attention_backend="torch_native", disable_cuda_graph=True, disable_overlap_schedule=True,
+                          sleep_on_idle=True, max_total_tokens=8192, speculative_algorithm="SPECOPD",
+                          drafter_path=str(tiny_drafter), block_size=TINY_BLOCK_SIZE)
+        cm = running_server(spec, tmp_path_factory.mktemp("logs"), "tiny-eval")
+        _SHARED["server"] = cm.__enter__()
+        _SHARED["cm"] = cm
+    yield _SHARED["server"]
+    items = request.session.items
+    later = items[items.index(request.node) + 1:] if request.node in items else []
+    if not any(SERVER_FIXTURE in getattr(it, "fixturenames", ()) for it in later):
+        _stop_shared()
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_target: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_target))
+
+
+Handler = Callable[[str, dict], Tuple[int, dict]]
+
+
+@contextlib.contextmanager
+def stub_server(handler: Handler) -> Iterator[str]:
+    """A local HTTP server whose GET/POST replies are ``handler(path, json_body) -> (status, json)``; yields URL."""
+
+    class _H(BaseHTTPRequestHandler):
+        def _reply(self, body: dict) -> None:
+            status, payload = handler(self.path, body)
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self) -> None:  # noqa: N802
+            n = int(self.headers.get("Content-Length") or 0)
+            self._reply(json.loads(self.rfile.read(n) or b"{}"))
+
+        def do_GET(self) -> None:  # noqa: N802
+            self._reply({})
+
+        def log_message(self, *args) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _H)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(5)
+
+
+def make_records(n: int, prefix: str = "r", domains=("dialogue", "coding", "math", "agentic")) -> list:
+    texts = ("Return the sum of the arguments.", "Open the file and read it.", "What is 17 times 3?",
+             "Call the weather tool for Paris.", "Sort a list of numbers.", "Explain the difference of two sets.")
+    return [{"id": f"{prefix}{i}", "domain": domains[i % len(domains)],
+             "messages": [{"role": "user", "content": texts[i % len(texts)] + f" (case {i})"}]} for i in range(n)]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Against the real tiny server
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.server
+def test_regenerate_then_resume_after_torn_last_line(tiny_eval_server, tiny_tokenizer, tmp_path: Path) -> None:
+    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.collect import chat_prompt_ids, iter_responses, regenerate
+
+    records = make_records(6)
+    cache = tmp_path / "responses.jsonl"
+    with SpecOPDClient(tiny_eval_server.url, retries=1, backoff_s=0.1) as client:
+        res = regenerate(client, tiny_tokenizer, iter(records), cache, max_new_tokens=16, concurrency=4)
+        assert (res.new, res.cached, res.resumed, res.too_long, res.rejected) == (6, 6, 0, 0, 0)
+        first = {r.id: r for r in iter_responses(cache)}
+        assert sorted(first) == [r["id"] for r in records]
+        for rec in records:
+            got = first[rec["id"]]
+            assert got.domain == rec["domain"]
+            assert list(got.prompt_ids) == chat_prompt_ids(tiny_tokenizer, rec["messages"])
+            assert 1 <= len(got.response_ids) <= 16 and got.finish_reason in ("length", "stop")
+        assert res.prompt_tokens == sum(len(r.prompt_ids) for r in first.values())
+        assert res.response_tokens == sum(len(r.response_ids) for r in first.values()) and res.tokens_per_s > 0
+        # Greedy: the cached response is what the server answers for that prompt alone.
+        alone = client.generate(list(first["r0"].prompt_ids), max_new_tokens=16, temperature=0.0)
+        assert tuple(alone["output_ids"]) == first["r0"].response_ids
+
+        # A crash mid-write leaves a torn last line: it is ignored on read and regenerated on resume.
+        lines = cache.read_bytes().splitlines(keepends=True)
+        torn_id = json.loads(lines[-1])["id"]
+        cache.write_bytes(b"".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
+        assert [r.id for r in iter_responses(cache)] == [json.loads(x)["id"] for x in lines[:-1]]
+        res2 = regenerate(client, tiny_tokenizer, records, cache, max_new_tokens=16, concurrency=4, progress=False)
+    assert (res2.new, res2.resumed, res2.cached) == (1, 5, 6)
+    again = {r.id: r for r in iter_responses(cache)}
+    assert again == first and len(cache.read_bytes().splitlines()) == 6
+    assert json.loads(cache.read_bytes().splitlines()[-1])["id"] == torn_id
+
+
+@pytest.mark.server
+def test_too_long_prompt_is_skipped_and_counted(tiny_eval_server, tiny_tokenizer, tmp_path: Path) -> None:
+    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.collect import chat_prompt_ids, iter_responses, regenerate
+
+    records = make_records(2, prefix="short")
+    long_rec = {"id": "long", "domain": "coding",
+                "messages": [{"role": "user", "content": "Return the sum of the arguments. " * 20}]}
+    limit = max(len(chat_prompt_ids(tiny_tokenizer, r["messages"])) for r in records)
+    assert len(chat_prompt_ids(tiny_tokenizer, long_rec["messages"])) > limit
+    cache = tmp_path / "c.jsonl"
+    with SpecOPDClient(tiny_eval_server.url) as client:
+        res = regenerate(client, tiny_tokenizer, [records[0], long_rec, records[1]], cache, max_new_tokens=8,
+                         max_prompt_tokens=limit, concurrency=2, progress=False)
+    assert (res.new, res.too_long, res.too_long_ids, res.cached) == (2, 1, ("long",), 2)
+    assert sorted(r.id for r in iter_responses(cache)) == ["short0", "short1"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Failures (stub servers / nothing listening)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_server_down_raises_collection_error_and_keeps_cache(tiny_tokenizer, tmp_path: Path) -> None:
+    from sglang_specopd.launch import free_port
+    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.collect import CollectionError, regenerate
+
+    cache = tmp_path / "c.jsonl"
+    kept = [{"id": "r0", "domain": "math", "prompt_ids": [1, 2], "response_ids": [5, 6, 2], "finish_reason": "stop"},
+            {"id": "r1", "domain": "math", "prompt_ids": [1, 3], "response_ids": [7], "finish_reason": "length"}]
+    cache.write_text("".join(json.dumps(k) + "\n" for k in kept))
+    before = cache.read_bytes()
+    with SpecOPDClient(f"http://127.0.0.1:{free_port()}", retries=1, backoff_s=0.01) as client:
+        with pytest.raises(CollectionError, match=r"2 responses are cached .*re-running the same command resumes"):
+            regenerate(client, tiny_tokenizer, make_records(5), cache, max_new_tokens=8, progress=False)
+    assert cache.read_bytes() == before
+
+
+def test_server_dying_mid_run_keeps_finished_responses(tiny_tokenizer, tmp_path: Path) -> None:
+    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.collect import CollectionError, iter_responses, regenerate
+
+    served = []
+    lock = threading.Lock()
+
+    def handler(path: str, body: dict) -> Tuple[int, dict]:
+        with lock:
+            if len(served) >= 3:
+                return 503, {"message": "server shutting down"}
+            served.append(body["input_ids"])
+        return 200, {"output_ids": [40, 41, 2], "meta_info": {"finish_reason": {"type": "stop"}}}
+
+    cache = tmp_path / "c.jsonl"
+    with stub_server(handler) as url, SpecOPDClient(url, retries=2, backoff_s=0.01) as client:
+        with pytest.raises(CollectionError) as err:
+            regenerate(client, tiny_tokenizer, make_records(8), cache, max_new_tokens=8, concurrency=1,
+                       progress=False)
+    assert (err.value.cached, err.value.new) == (3, 3)
+    got = list(iter_responses(cache))
+    assert [r.id for r in got] == ["r0", "r1", "r2"] and all(r.response_ids == (40, 41, 2) for r in got)
+    assert [list(r.prompt_ids) for r in got] == served
+
+
+def test_4xx_is_counted_and_auth_failure_is_fatal(tiny_tokenizer, tmp_path: Path) -> None:
+    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.collect import CollectionError, regenerate
+
+    bad_len = None
+
+    def handler(path: str, body: dict) -> Tuple[int, dict]:
+        if len(body["input_ids"]) == bad_len:
+            return 400, {"error": {"message": "input too long for the context"}}
+        return 200, {"output_ids": [9], "meta_info": {"finish_reason": {"type": "length"}}}
+
+    from specopd_trainer.collect import chat_prompt_ids
+
+    records = make_records(3)
+    records[1]["messages"][0]["content"] = "A distinctly longer request with many more words in it, surely."
+    bad_len = len(chat_prompt_ids(tiny_tokenizer, records[1]["messages"]))
+    assert bad_len not in {len(chat_prompt_ids(tiny_tokenizer, r["messages"])) for r in (records[0], records[2])}
+    with stub_server(handler) as url, SpecOPDClient(url, retries=0) as client:
+        res = regenerate(client, tiny_tokenizer, records, tmp_path / "a.jsonl", max_new_tokens=1, progress=False)
+    assert (res.new, res.rejected) == (2, 1) and "input too long" in res.rejected_reasons[0]
+
+    with stub_server(lambda p, b: (401, {"message": "bad api key"})) as url, SpecOPDClient(url, retries=0) as client:
+        with pytest.raises(CollectionError, match="bad api key"):
+            regenerate(client, tiny_tokenizer, records, tmp_path / "b.jsonl", max_new_tokens=1, progress=False)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The cache format
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_cache_reader_tolerates_only_a_torn_tail(tmp_path: Path) -> None:
+    from specopd_trainer.collect import CacheFormatError, cached_ids, iter_responses, repair_cache
+
+    line = json.dumps({"id": "a", "domain": "coding", "prompt_ids": [1], "response_ids": [2, 3],
+                       "finish_reason": "length"})
+    cache = tmp_path / "c.jsonl"
+    assert list(iter_responses(cache)) == [] and repair_cache(cache) == 0
+    cache.write_text(line + "\n" + line.replace('"a"', '"b"')[:17])
+    assert [r.id for r in iter_responses(cache)] == ["a"] and cached_ids(cache) == {"a"}
+    assert list(iter_responses(cache))[0].response_ids == (2, 3)
+    assert repair_cache(cache) == 17 and cache.read_text() == line + "\n"
+    cache.write_text(line + "\n{not json\n" + line + "\n")
+    with pytest.raises(CacheFormatError, match=r"c\.jsonl:2"):
+        list(iter_responses(cache))
+
+
+def test_invalid_record_is_a_typed_error(tiny_tokenizer, tmp_path: Path) -> None:
+    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.collect import InvalidRecordError, regenerate
+
+    with SpecOPDClient("http://127.0.0.1:9", retries=0) as client, pytest.raises(InvalidRecordError, match="'id'"):
+        regenerate(client, tiny_tokenizer, [{"messages": [{"role": "user", "content": "x"}]}], tmp_path / "c.jsonl",
+                   progress=False)

@@ -1,0 +1,130 @@
+"""Server configs: strict schema, path resolution, and every shipped config in server_configs/ loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sglang_specopd.config import ConfigError, ServeConfig
+from sglang_specopd.serve import config_path, launch_spec
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = sorted((REPO / "server_configs").glob("*.yaml"))
+MINIMAL = {"name": "t", "target": "smollm2"}
+
+
+def write(path: Path, data) -> Path:
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return path
+
+
+def test_minimal_config_defaults(tmp_path: Path) -> None:
+    cfg = ServeConfig.load(write(tmp_path / "c.yaml", MINIMAL))
+    assert cfg.target == "smollm2" and cfg.drafter is None and cfg.speculative_algorithm == "SPECOPD"
+    assert cfg.device == "cuda" and cfg.dtype == "auto" and cfg.extra_sglang_args == []
+
+
+@pytest.mark.parametrize("key", ["max_tokens", "Device", "drafter_path", "speculative-algorithm"])
+def test_unknown_keys_rejected(tmp_path: Path, key: str) -> None:
+    path = write(tmp_path / "c.yaml", {**MINIMAL, key: 1})
+    with pytest.raises(ConfigError) as err:
+        ServeConfig.load(path)
+    msg = str(err.value)
+    assert str(path) in msg and key in msg and "Extra inputs are not permitted" in msg
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("block_size", "eight"), ("block_size", 1), ("block_size", 65), ("device", "tpu"), ("dtype", "int8"),
+    ("speculative_algorithm", "EAGLE"), ("max_total_tokens", 0), ("max_total_tokens", -5),
+    ("mem_fraction_static", 1.5), ("disable_cuda_graph", "sometimes"), ("extra_sglang_args", "--foo"),
+    ("name", ["a", "b"]), ("target", None), ("max_running_requests", 2.5),
+])
+def test_bad_values_rejected(tmp_path: Path, field: str, value) -> None:
+    with pytest.raises(ConfigError) as err:
+        ServeConfig.load(write(tmp_path / "c.yaml", {**MINIMAL, field: value}))
+    assert field in str(err.value)
+
+
+def test_every_problem_reported_at_once(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        ServeConfig.load(write(tmp_path / "c.yaml", {**MINIMAL, "device": "tpu", "block_size": 0, "bogus": 1}))
+    msg = str(err.value)
+    assert "device" in msg and "block_size" in msg and "bogus" in msg
+
+
+def test_missing_required_and_non_mapping(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="target"):
+        ServeConfig.load(write(tmp_path / "a.yaml", {"name": "t"}))
+    with pytest.raises(ConfigError, match="mapping"):
+        ServeConfig.load(write(tmp_path / "b.yaml", "- just\n- a list\n"))
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        ServeConfig.load(write(tmp_path / "c.yaml", "name: [x\n"))
+    with pytest.raises(ConfigError, match="not found"):
+        ServeConfig.load(tmp_path / "absent.yaml")
+
+
+def test_relative_paths_resolved_against_config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sub = tmp_path / "configs" / "nested"
+    sub.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)  # resolution must not depend on the working directory
+    cfg = ServeConfig.load(write(sub / "c.yaml", {**MINIMAL, "target": "./models/t", "drafter": "../drafters/d"}))
+    assert cfg.target == str((sub / "models" / "t").resolve())
+    assert cfg.drafter == str((tmp_path / "configs" / "drafters" / "d").resolve())
+    assert Path(cfg.target).is_absolute() and Path(cfg.drafter).is_absolute()
+    # names and absolute paths are kept as written
+    cfg = ServeConfig.load(write(sub / "d.yaml", {**MINIMAL, "target": "smollm2", "drafter": "default"}))
+    assert (cfg.target, cfg.drafter) == ("smollm2", "default")
+    cfg = ServeConfig.load(write(sub / "e.yaml", {**MINIMAL, "target": "/abs/t"}))
+    assert cfg.target == "/abs/t"
+
+
+def test_config_is_frozen(tmp_path: Path) -> None:
+    cfg = ServeConfig.load(write(tmp_path / "c.yaml", MINIMAL))
+    with pytest.raises(Exception):
+        cfg.device = "cpu"  # type: ignore[misc]
+
+
+def test_shipped_configs_exist() -> None:
+    assert len(SHIPPED) >= 3, SHIPPED
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_every_shipped_config_loads(path: Path) -> None:
+    cfg = ServeConfig.load(path)
+    assert cfg.name == path.stem, "a config's name is the name `specopd serve --config NAME` finds it by"
+    assert config_path(path.stem) == path
+    if cfg.drafter is not None:
+        assert cfg.speculative_algorithm is not None and cfg.block_size
+    if cfg.device == "cpu":
+        # the flags SGLang needs on this CPU (see docs/notes): torch_native, no CUDA graphs, no overlap, bounded KV
+        assert cfg.attention_backend == "torch_native"
+        assert cfg.disable_cuda_graph and cfg.disable_overlap_schedule and cfg.sleep_on_idle
+        assert cfg.max_total_tokens is not None
+        assert cfg.checked_on_gpu is False
+
+
+def test_cpu_configs_build_the_cpu_launch_flags(tiny_target: Path, tiny_drafter: Path) -> None:
+    """launch_spec on each shipped CPU config (target/drafter swapped for the tiny ones) gives SGLang's CPU flags."""
+    from sglang_specopd.launch import free_port
+
+    cpu_cfgs = [ServeConfig.load(p) for p in SHIPPED if ServeConfig.load(p).device == "cpu"]
+    assert cpu_cfgs
+    for cfg in cpu_cfgs:
+        drafter = str(tiny_drafter) if cfg.drafter else None
+        cfg = cfg.model_copy(update={"target": str(tiny_target), "drafter": drafter,
+                                     "block_size": 4 if drafter else cfg.block_size})
+        argv = launch_spec(cfg, port=free_port(), extra_args=["--log-level", "warning"]).argv()
+        joined = " ".join(argv)
+        for flag in ("--device cpu", f"--dtype {cfg.dtype}", "--attention-backend torch_native",
+                     f"--max-total-tokens {cfg.max_total_tokens}", "--disable-cuda-graph",
+                     "--disable-overlap-schedule", "--sleep-on-idle"):
+            assert flag in joined, (cfg.name, flag, argv)
+        if drafter:
+            for flag in ("--speculative-algorithm SPECOPD", f"--speculative-draft-model-path {tiny_drafter}",
+                         "--speculative-dflash-block-size 4", "--speculative-draft-attention-backend torch_native"):
+                assert flag in joined, (cfg.name, flag, argv)
+        else:
+            assert "--speculative-algorithm" not in joined
+        assert argv[-2:] == ["--log-level", "warning"]

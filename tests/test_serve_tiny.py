@@ -1,0 +1,202 @@
+"""Real SGLang servers on a tiny fp32 target: SPECOPD is lossless, and its acceptance traces are consistent.
+
+Two servers in all, one at a time (see conftest): a plain one whose greedy outputs are the reference, then a
+SPECOPD one (random block-4 drafter). The serving target is built so that the random drafter's guesses are
+sometimes right (``make_accepting_target``), so verify steps accept 0..3 drafts and the commit of accepted
+tokens, and the last-step truncation at ``max_new_tokens``, are really exercised.
+
+What the traces obey (observed, and asserted below):
+
+* one record per verify step: ``len(trace) == spec_verify_ct``;
+* the first anchor is the position of the first generated token (``prompt_tokens``): the first token comes from
+  the prefill, not from a verify step; each step emits ``accepted + 1`` tokens, so
+  ``anchor[i+1] == anchor[i] + accepted[i] + 1``;
+* the accepted drafts are exactly the next output tokens, and the first rejected draft differs from the token the
+  target emitted there;
+* tokens produced = ``1 + sum(accepted + 1)``. The last verify step can overshoot ``max_new_tokens``: SGLang then
+  truncates the output (``completion_tokens == max_new_tokens``) but the trace (and SGLang's histogram) keep the
+  step's full ``accepted``. So ``completion_tokens == min(1 + sum(accepted + 1), max_new_tokens)``, and the step
+  before the last had not reached the limit. ``sum(accepted + 1) == completion_tokens`` does NOT hold: it is off
+  by the prefill token, and by the truncated overshoot;
+* ``spec_accept_length == completion_tokens / spec_verify_ct`` (so it counts the prefill token and is computed
+  after truncation); ``spec_correct_drafts_histogram[k]`` counts the steps with ``accepted == k`` (trailing
+  zero bins omitted) and ``spec_num_correct_drafts == sum(accepted)``, both untruncated.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import List, Optional
+
+import httpx
+import pytest
+
+from conftest import TINY_BLOCK_SIZE, TINY_NEW_TOKENS, TINY_PROMPTS
+
+pytestmark = pytest.mark.server
+
+TRACE_KEY = "specopd_trace"
+
+
+def check_trace(resp: dict, block_size: int, max_new_tokens: int, output_ids: Optional[List[int]] = None) -> list:
+    """Assert every invariant of a traced response (see the module docstring); return the trace."""
+    meta = resp["meta_info"]
+    out = resp["output_ids"] if output_ids is None else output_ids
+    trace = meta.get(TRACE_KEY)
+    assert isinstance(trace, list) and trace, f"trace asked for but missing: {sorted(meta)}"
+    completion = meta["completion_tokens"]
+    assert completion == len(out)
+    assert len(trace) == meta["spec_verify_ct"]
+    prompt_tokens = meta["prompt_tokens"]
+    for rec in trace:
+        assert set(rec) == {"anchor", "proposed", "accepted"}, rec
+        assert len(rec["proposed"]) == block_size - 1, rec
+        assert all(isinstance(t, int) for t in rec["proposed"])
+        assert 0 <= rec["accepted"] <= block_size - 1, rec
+    anchors = [r["anchor"] for r in trace]
+    accepted = [r["accepted"] for r in trace]
+    assert anchors[0] == prompt_tokens, "the first verify step is anchored at the prefill's token"
+    assert all(b > a for a, b in zip(anchors, anchors[1:])), "anchors strictly increase"
+    for i in range(len(trace) - 1):
+        assert anchors[i + 1] == anchors[i] + accepted[i] + 1, (i, trace[i], trace[i + 1])
+    # Accepted drafts are the output's next tokens; the first rejected draft is not.
+    for rec in trace:
+        base = rec["anchor"] - prompt_tokens + 1
+        for k in range(rec["accepted"]):
+            if base + k < completion:
+                assert out[base + k] == rec["proposed"][k], (rec, out)
+        k = rec["accepted"]
+        if k < block_size - 1 and base + k < completion:
+            assert out[base + k] != rec["proposed"][k], (rec, out)
+    produced = 1 + sum(a + 1 for a in accepted)
+    assert completion == min(produced, max_new_tokens), (completion, produced, max_new_tokens)
+    assert produced - (accepted[-1] + 1) < max_new_tokens, "a verify step ran after the limit was reached"
+    assert meta["finish_reason"]["type"] == "length"
+    assert meta["spec_accept_length"] == pytest.approx(completion / meta["spec_verify_ct"])
+    # SGLang's own counters agree with the trace (both keep the last step's full ``accepted``); its histogram
+    # stops at the highest bin reached.
+    hist = meta["spec_correct_drafts_histogram"]
+    assert 1 <= len(hist) <= block_size, hist
+    assert hist + [0] * (block_size - len(hist)) == [accepted.count(k) for k in range(block_size)], (hist, accepted)
+    assert meta["spec_num_correct_drafts"] == sum(accepted)
+    return trace
+
+
+def _has_no_trace(meta: dict) -> bool:
+    return not meta.get(TRACE_KEY)
+
+
+def test_specopd_greedy_identity_fp32(tiny_plain_outputs, tiny_specopd_server) -> None:
+    """SPECOPD greedy output ids == plain greedy output ids, 4 prompts x 32 tokens, float32."""
+    accept = {}
+    for prompt in TINY_PROMPTS:
+        resp = tiny_specopd_server.generate(prompt, TINY_NEW_TOKENS)
+        assert resp["output_ids"] == tiny_plain_outputs[prompt], prompt
+        assert len(resp["output_ids"]) == TINY_NEW_TOKENS
+        accept[prompt] = resp["meta_info"]["spec_accept_length"]
+    # Not vacuous: some verify steps accepted drafts, so accepted tokens were committed from the draft path.
+    assert max(accept.values()) > 1.5, f"no prompt accepted drafts; the serving target needs retuning: {accept}"
+
+
+def test_traces_present_and_consistent(tiny_plain_outputs, tiny_specopd_server) -> None:
+    records = []
+    for prompt in TINY_PROMPTS:
+        resp = tiny_specopd_server.generate(prompt, TINY_NEW_TOKENS, trace=True)
+        assert resp["output_ids"] == tiny_plain_outputs[prompt], "asking for a trace changed the output"
+        records += check_trace(resp, TINY_BLOCK_SIZE, TINY_NEW_TOKENS)
+    assert any(r["accepted"] > 0 for r in records) and any(r["accepted"] == 0 for r in records)
+
+
+def test_trace_absent_when_not_asked(tiny_specopd_server) -> None:
+    for trace in (None, False):
+        resp = tiny_specopd_server.generate(TINY_PROMPTS[1], 16, trace=trace)
+        meta = resp["meta_info"]
+        assert _has_no_trace(meta), meta.get(TRACE_KEY)
+        assert meta["spec_verify_ct"] >= 1 and len(resp["output_ids"]) == 16
+
+
+def test_last_step_overshoot_is_truncated(tiny_specopd_server) -> None:
+    """A limit that falls inside a verify step's emitted tokens: output truncated, trace keeps the full step."""
+    full = tiny_specopd_server.generate(TINY_PROMPTS[0], TINY_NEW_TOKENS, trace=True)
+    trace = full["meta_info"][TRACE_KEY]
+    step = next((i for i, r in enumerate(trace) if r["accepted"] >= 1), None)
+    assert step is not None, "no verify step accepted a draft"
+    before = 1 + sum(r["accepted"] + 1 for r in trace[:step])
+    limit = before + 1  # the step emits accepted + 1 >= 2 tokens: stop after the first of them
+    cut = tiny_specopd_server.generate(TINY_PROMPTS[0], limit, trace=True)
+    cut_trace = check_trace(cut, TINY_BLOCK_SIZE, limit)
+    assert cut["output_ids"] == full["output_ids"][:limit]
+    assert cut_trace == trace[: step + 1], "the truncated request ran the same verify steps, the last one in full"
+    assert 1 + sum(r["accepted"] + 1 for r in cut_trace) > limit == cut["meta_info"]["completion_tokens"]
+
+
+def test_streamed_generate_carries_the_same_trace(tiny_specopd_server) -> None:
+    prompt, n = TINY_PROMPTS[1], 24
+    whole = tiny_specopd_server.generate(prompt, n, trace=True)
+    payload = {"text": prompt, "stream": True, "sampling_params": {
+        "temperature": 0.0, "max_new_tokens": n, "ignore_eos": True, "custom_params": {"specopd_trace": True}}}
+    chunks = []
+    with httpx.stream("POST", tiny_specopd_server.url + "/generate", json=payload, timeout=120) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data:") and line.strip() != "data: [DONE]":
+                chunks.append(json.loads(line[len("data:"):]))
+    assert len(chunks) >= 2
+    last = chunks[-1]
+    assert last["output_ids"] == whole["output_ids"]
+    assert last["meta_info"][TRACE_KEY] == whole["meta_info"][TRACE_KEY]
+    for c in chunks:  # traces grow step by step, each a prefix of the final one
+        t = c["meta_info"].get(TRACE_KEY) or []
+        assert t == whole["meta_info"][TRACE_KEY][: len(t)]
+
+
+def test_chat_completion_returns_trace_in_meta_info(tiny_specopd_server) -> None:
+    n = 24
+    r = tiny_specopd_server.post("/v1/chat/completions", {
+        "model": "tiny", "messages": [{"role": "user", "content": "Hello world"}], "max_tokens": n,
+        "temperature": 0, "ignore_eos": True, "custom_params": {"specopd_trace": True}, "return_meta_info": True})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "length"
+    meta = choice["meta_info"]
+    assert meta["completion_tokens"] == r.json()["usage"]["completion_tokens"] == n
+    trace = meta[TRACE_KEY]
+    anchors = [t["anchor"] for t in trace]
+    assert anchors[0] == meta["prompt_tokens"] and len(trace) == meta["spec_verify_ct"]
+    assert all(b == a + t["accepted"] + 1 for a, b, t in zip(anchors, anchors[1:], trace))
+    assert min(1 + sum(t["accepted"] + 1 for t in trace), n) == n
+    # without custom_params: meta_info (asked for) has no trace
+    r2 = tiny_specopd_server.post("/v1/chat/completions", {
+        "model": "tiny", "messages": [{"role": "user", "content": "Hello world"}], "max_tokens": 8,
+        "temperature": 0, "return_meta_info": True})
+    assert r2.status_code == 200 and _has_no_trace(r2.json()["choices"][0]["meta_info"])
+
+
+def test_concurrent_requests_are_well_formed(tiny_plain_outputs, tiny_specopd_server) -> None:
+    """4 concurrent requests (2 traced, 2 not, different lengths): every response is complete and its own."""
+    jobs = [(TINY_PROMPTS[0], 32, True), (TINY_PROMPTS[1], 29, False), (TINY_PROMPTS[2], 21, True),
+            (TINY_PROMPTS[1], 30, True)]
+
+    def run(job):
+        prompt, n, trace = job
+        return tiny_specopd_server.generate(prompt, n, trace=trace)
+
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        results = list(pool.map(run, jobs))
+    for (prompt, n, trace), resp in zip(jobs, results):
+        assert len(resp["output_ids"]) == resp["meta_info"]["completion_tokens"] == n
+        if trace:
+            # per-request traces: anchored at this request's prompt, accepted drafts == this request's tokens
+            check_trace(resp, TINY_BLOCK_SIZE, n)
+        else:
+            assert _has_no_trace(resp["meta_info"])
+        assert resp["meta_info"]["spec_verify_ct"] >= 1
+
+
+def test_single_token_request_has_empty_trace(tiny_specopd_server) -> None:
+    """max_new_tokens=1: the prefill emits the only token, no verify step runs, the trace is an empty list."""
+    resp = tiny_specopd_server.generate(TINY_PROMPTS[0], 1, trace=True)
+    assert len(resp["output_ids"]) == 1
+    assert resp["meta_info"].get(TRACE_KEY) in ([], None)
+    assert not resp["meta_info"].get("spec_verify_ct")

@@ -1,0 +1,96 @@
+"""Parity: the trainer's DFlashDrafter proposes exactly what a live SGLang SPECOPD/DFLASH server proposes.
+
+One CPU server (tiny Llama target, fp32, torch_native) with a random drafter whose weights are 10x the init
+scale (so context, attention pattern and every layer visibly change the argmax; at the 0.02 init scale the
+residual stream is dominated by the mask-token embedding and almost every proposal is the mask token). The
+server's acceptance traces give, per verify step, the anchor position and the B-1 proposed ids; the trainer
+recomputes them from HF hidden states (index id+1) of the prefix [0, anchor) and the anchor token.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.server
+
+PROMPTS = ("def add(a, b):\n    return", "Return the sum of the arguments.")
+NEW_TOKENS = 24
+
+
+def _strong_drafter(target: Path, out: Path):
+    from sglang_specopd.drafter_init import init_drafter, init_drafter_tensors, save_drafter
+
+    spec = init_drafter(target, out, block_size=8, num_layers=2, seed=1, target_layer_ids=[0, 2])
+    g = torch.Generator().manual_seed(5)
+    tensors = {n: (t * 10 if t.ndim == 2 else 1 + 0.3 * torch.randn(t.shape, generator=g))
+               for n, t in init_drafter_tensors(spec, seed=3).items()}
+    save_drafter(spec, tensors, out, overwrite=True)
+    return spec
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory):
+    import httpx
+    from transformers import AutoTokenizer
+
+    from sglang_specopd.launch import LaunchSpec, SGLangServer, free_port
+    from sglang_specopd.tiny_target import make_tiny_target
+
+    root = tmp_path_factory.mktemp("parity")
+    target = make_tiny_target(root / "target", seed=0)
+    _strong_drafter(target, root / "drafter")
+    tok = AutoTokenizer.from_pretrained(target)
+    spec = LaunchSpec(model_path=str(target), port=free_port(), device="cpu", dtype="float32",
+                      drafter_path=str(root / "drafter"), speculative_algorithm="SPECOPD",
+                      attention_backend="torch_native", disable_cuda_graph=True, disable_overlap_schedule=True,
+                      max_total_tokens=8192)
+    runs = []
+    with SGLangServer(spec, log_path=root / "server.log") as server:
+        for prompt in PROMPTS:
+            ids = tok(prompt)["input_ids"]
+            r = httpx.post(server.url + "/generate", timeout=120, json={
+                "input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": NEW_TOKENS,
+                                                      "custom_params": {"specopd_trace": True}}})
+            r.raise_for_status()
+            body = r.json()
+            runs.append((ids + body["output_ids"], body["meta_info"]["specopd_trace"]))
+    return target, root / "drafter", runs
+
+
+def test_trainer_proposals_equal_server_proposals(served) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from specopd_trainer.drafters.dflash import DFlashDrafter
+    from specopd_trainer.drafters.features import hf_context_features
+
+    target, drafter_dir, runs = served
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    drafter = DFlashDrafter.from_pretrained(drafter_dir, target).eval()
+    b = drafter.block_size
+    checked, mismatches, causal_matches = 0, [], 0
+    for seq, trace in runs:
+        assert len(trace) >= NEW_TOKENS // b
+        feats = hf_context_features(model, torch.tensor(seq), drafter.spec.target_layer_ids)
+        for step in trace:
+            a = step["anchor"]
+            ours = drafter.propose(feats[:a], seq[a], a).tolist()
+            checked += 1
+            if ours != step["proposed"]:
+                mismatches.append((a, step["proposed"], ours))
+                # diagnose the known CPU-backend fault: a causal (not ENCODER_ONLY) draft attention
+                kv = drafter.context_kv(feats[:a], torch.arange(a))
+                mask = torch.cat([torch.ones(b, a, dtype=torch.bool), torch.ones(b, b, dtype=torch.bool).tril()], 1)
+                ids = torch.full((b,), drafter.spec.mask_token_id)
+                ids[0] = seq[a]
+                with torch.no_grad():
+                    hidden = drafter.forward_hidden(ids, a + torch.arange(b), kv, mask)
+                causal_matches += drafter.target_head.logits(hidden[1:]).argmax(-1).tolist() == step["proposed"]
+    assert checked >= 2 * (NEW_TOKENS // b)
+    assert not mismatches, (
+        f"{len(mismatches)}/{checked} verify steps differ (anchor, server, trainer): {mismatches[:3]}"
+        + (f"; {causal_matches} of them match a CAUSAL in-block draft attention: the server's draft attention is "
+           "not ENCODER_ONLY (see sglang_specopd/cpu/patches.py torch_native TARGET_VERIFY: causal must be "
+           "False for layer.attn_type == AttentionType.ENCODER_ONLY)" if causal_matches else ""))

@@ -1,0 +1,1 @@
+"""Training loops: SFT (:mod:`.sft`); SpecOPD, sequential OPD and Draft-OPD loops are added beside it."""
