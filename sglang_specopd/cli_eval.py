@@ -57,13 +57,14 @@ def acceptance(
         raise typer.Exit(code=1)
     result["label"] = label
     table = Table(title=f"acceptance length{f' ({label})' if label else ''}, T={temperature:g}")
-    for col in ("domain", "requests", "completion tokens", "verify steps", "tau"):
+    for col in ("domain", "requests", "skipped (too long)", "completion tokens", "verify steps", "tau"):
         table.add_column(col, justify="left" if col == "domain" else "right")
     for d, v in result["per_domain"].items():
         tau = "-" if v["tau"] is None else f"{v['tau']:.3f}"
-        table.add_row(d, str(v["requests"]), str(v["completion_tokens"]), str(v["verify_steps"]), tau)
+        table.add_row(d, str(v["requests"]), str(result["skipped_too_long"].get(d, 0)), str(v["completion_tokens"]),
+                      str(v["verify_steps"]), tau)
     mean = result["mean_tau"]
-    table.add_row("mean", "", "", "", "-" if mean is None else f"{mean:.3f}")
+    table.add_row("mean", "", "", "", "", "-" if mean is None else f"{mean:.3f}")
     Console().print(table)
     if out is not None:
         typer.echo(f"wrote {write_result(out, result)}")

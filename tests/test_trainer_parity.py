@@ -5,6 +5,8 @@ scale (so context, attention pattern and every layer visibly change the argmax; 
 residual stream is dominated by the mask-token embedding and almost every proposal is the mask token). The
 server's acceptance traces give, per verify step, the anchor position and the B-1 proposed ids; the trainer
 recomputes them from HF hidden states (index id+1) of the prefix [0, anchor) and the anchor token.
+On CPU this needs the torch_native TARGET_VERIFY adaptation to keep the draft's ENCODER_ONLY (non-causal)
+attention non-causal, as SGLang's GPU backends do; a causal draft attention is diagnosed in the failure message.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ pytestmark = pytest.mark.server
 
 PROMPTS = ("def add(a, b):\n    return", "Return the sum of the arguments.")
 NEW_TOKENS = 24
+BLOCK_SIZE = 8
 
 
 def _strong_drafter(target: Path, out: Path):
     from sglang_specopd.drafter_init import init_drafter, init_drafter_tensors, save_drafter
 
-    spec = init_drafter(target, out, block_size=8, num_layers=2, seed=1, target_layer_ids=[0, 2])
+    spec = init_drafter(target, out, block_size=BLOCK_SIZE, num_layers=2, seed=1, target_layer_ids=[0, 2])
     g = torch.Generator().manual_seed(5)
     tensors = {n: (t * 10 if t.ndim == 2 else 1 + 0.3 * torch.randn(t.shape, generator=g))
                for n, t in init_drafter_tensors(spec, seed=3).items()}
@@ -32,32 +35,29 @@ def _strong_drafter(target: Path, out: Path):
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory):
+def served(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory):
     import httpx
     from transformers import AutoTokenizer
 
-    from sglang_specopd.launch import LaunchSpec, SGLangServer, free_port
-    from sglang_specopd.tiny_target import make_tiny_target
+    from conftest import running_server, tiny_launch_spec
+    from sglang_specopd.launch import free_port
 
     root = tmp_path_factory.mktemp("parity")
-    target = make_tiny_target(root / "target", seed=0)
-    _strong_drafter(target, root / "drafter")
-    tok = AutoTokenizer.from_pretrained(target)
-    spec = LaunchSpec(model_path=str(target), port=free_port(), device="cpu", dtype="float32",
-                      drafter_path=str(root / "drafter"), speculative_algorithm="SPECOPD",
-                      attention_backend="torch_native", disable_cuda_graph=True, disable_overlap_schedule=True,
-                      max_total_tokens=8192)
+    _strong_drafter(tiny_target, root / "drafter")
+    tok = AutoTokenizer.from_pretrained(tiny_target)
+    spec = tiny_launch_spec(tiny_target, free_port(), root / "drafter")
+    spec.block_size = BLOCK_SIZE
     runs = []
-    with SGLangServer(spec, log_path=root / "server.log") as server:
+    with running_server(spec, root, "parity") as server:
         for prompt in PROMPTS:
             ids = tok(prompt)["input_ids"]
             r = httpx.post(server.url + "/generate", timeout=120, json={
-                "input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": NEW_TOKENS,
+                "input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True,
                                                       "custom_params": {"specopd_trace": True}}})
             r.raise_for_status()
             body = r.json()
             runs.append((ids + body["output_ids"], body["meta_info"]["specopd_trace"]))
-    return target, root / "drafter", runs
+    return tiny_target, root / "drafter", runs
 
 
 def test_trainer_proposals_equal_server_proposals(served) -> None:

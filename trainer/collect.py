@@ -173,7 +173,7 @@ def _generate_one(client: SpecOPDClient, prompt_ids: List[int], params: Dict[str
     return out, (finish.get("type") if isinstance(finish, dict) else finish)
 
 
-def _progress(enabled: bool, total: Optional[int]):
+def _progress(enabled: bool):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(TextColumn("[bold]regenerate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -218,7 +218,7 @@ def regenerate(client: SpecOPDClient, tokenizer: Any, records: Iterable[Mapping[
     t0 = time.monotonic()
     pending: Dict[Future, Tuple[str, str, List[int]]] = {}
 
-    with _progress(progress, total) as bar, ThreadPoolExecutor(concurrency, "specopd-collect") as pool, \
+    with _progress(progress) as bar, ThreadPoolExecutor(concurrency, "specopd-collect") as pool, \
             open(path, "ab") as fh:
         task = bar.add_task("regenerate", total=total, tps=0.0)
 

@@ -247,7 +247,7 @@ def plot_tau(result: Mapping[str, Any], path: str | os.PathLike[str], label: Opt
         if result.get("mean_tau") is not None:
             ax.axhline(result["mean_tau"], color="k", ls="--", lw=1, label=f"mean {result['mean_tau']:.2f}")
             ax.legend(loc="lower right")
-        ax.set_ylabel("acceptance length tau (tokens / verify step)")
+        ax.set_ylabel("tau (tokens / verify step)")
         ax.set_ylim(0, max([1.0, *taus.values()]) * 1.15)
         title = f"T={result.get('temperature', '?')}, {result.get('max_new_tokens', '?')} new tokens"
         ax.set_title(f"{label}: {title}" if label else title)

@@ -98,13 +98,16 @@ def torch_native_forward_extend(original_fn, self, q, k, v, layer, forward_batch
 
     In TARGET_VERIFY, ``forward_batch.seq_lens`` [bs] are the committed prefix lengths and every request
     extends by ``spec_info.draft_token_num`` tokens, whose KV slots are ``out_cache_loc``. Chain verify (DFLASH,
-    ``custom_mask is None``) is plain causal attention over prefix + block.
+    ``custom_mask is None``) is plain causal attention over prefix + block for the target. DFLASH also runs its
+    draft block forward in TARGET_VERIFY mode: draft layers are ENCODER_ONLY, i.e. non-causal over (context
+    before the anchor + the whole block), as SGLang's GPU backends compute them.
     """
     if not forward_batch.forward_mode.is_target_verify() or not _is_cpu_device(q.device):
         return original_fn(self, q, k, v, layer, forward_batch, save_kv_cache)
     import torch
 
     from sglang.srt.layers.attention.torch_native_backend import KVWriteLoc
+    from sglang.srt.layers.radix_attention import AttentionType
 
     spec_info = forward_batch.spec_info
     if spec_info is None:
@@ -132,7 +135,7 @@ def torch_native_forward_extend(original_fn, self, q, k, v, layer, forward_batch
         None,
         scaling=layer.scaling,
         enable_gqa=layer.tp_q_head_num != layer.tp_k_head_num,
-        causal=True,
+        causal=getattr(layer, "attn_type", None) != AttentionType.ENCODER_ONLY,
     )
     return o
 

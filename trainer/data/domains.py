@@ -102,9 +102,26 @@ def _bfcl_tool_docs() -> dict[str, list[dict]]:
     return docs
 
 
-def load_agentic(limit: Optional[int] = None, seed: int = 0) -> list[PromptRecord]:
-    """BFCL multi-turn tool-use prompts (system: tools as JSON; user: first turn); ids ``bfcl/<record id>``."""
-    template, docs = _bfcl_system_template(), _bfcl_tool_docs()
+AGENTIC_SYSTEM = ("You are an agent that solves the user's task by calling functions. Available functions:\n"
+                  "{functions}\nReply only with the function calls, as [func_name(param=value, ...)].")
+
+
+def _compact_tool(f: dict) -> str:
+    """One line per tool: ``- name(param: type, ...): first sentence of the description`` (short on purpose:
+    BFCL's default prompt puts every JSON schema in the system prompt, ~5.5k SmolLM2 tokens per record)."""
+    props = (f.get("parameters") or {}).get("properties") or {}
+    args = ", ".join(f"{k}: {v.get('type', 'any')}" for k, v in props.items())
+    parts = [x for x in (f.get("description") or "").split(". ") if not x.startswith("This tool belongs to")]
+    desc = (parts[0] if parts else "").strip().rstrip(".").removeprefix("Tool description: ")
+    return f"- {f['name']}({args}): {desc[:100]}"
+
+
+def load_agentic(limit: Optional[int] = None, seed: int = 0, compact: bool = True) -> list[PromptRecord]:
+    """BFCL multi-turn tool-use prompts (system: the tools; user: first turn); ids ``bfcl/<record id>``.
+
+    ``compact`` (default) lists each tool on one line (~0.6k tokens per prompt); ``compact=False`` uses BFCL's own
+    system prompt with full JSON schemas."""
+    template, docs = (AGENTIC_SYSTEM if compact else _bfcl_system_template()), _bfcl_tool_docs()
     out = []
     for category in BFCL_MULTI_TURN:
         member = f"bfcl_eval/data/BFCL_v4_{category}.json"
@@ -115,7 +132,8 @@ def load_agentic(limit: Optional[int] = None, seed: int = 0) -> list[PromptRecor
             first = [m for m in row["question"][0] if m.get("role") == "user"]
             if not tools or not first:
                 continue
-            system = template.format(functions=json.dumps(tools, ensure_ascii=False))
+            rendered = "\n".join(_compact_tool(f) for f in tools) if compact else json.dumps(tools, ensure_ascii=False)
+            system = template.format(functions=rendered)
             messages = [{"role": "system", "content": system}, {"role": "user", "content": first[0]["content"]}]
             out.append(make_record(f"bfcl/{row['id']}", "agentic", messages))
     return dedupe(out)[:limit]

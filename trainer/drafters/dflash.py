@@ -99,7 +99,7 @@ class DFlashDrafter(nn.Module):
         if ctx_features.ndim != 2 or ctx_features.shape[1] != want:
             raise DrafterInputError(f"context features must be [T, {want}] (K={self.spec.num_context_features} "
                                     f"target layers x hidden {self.spec.hidden_size}), got {tuple(ctx_features.shape)}")
-        return self.hidden_norm(self.fc(ctx_features.to(self.fc.weight.dtype)))
+        return self.hidden_norm(self.fc(ctx_features.to(self.fc.weight.device, self.fc.weight.dtype)))
 
     def context_kv(self, ctx_features: torch.Tensor, positions: torch.Tensor) -> KV:
         """Per draft layer ``(K, V)``, each ``[T, kv_heads, head_dim]``, for features ``[T, K*H]`` at long

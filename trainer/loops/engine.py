@@ -1,0 +1,99 @@
+"""The training engine every loop shares: optimiser, LR schedule, time budget, metrics, checkpoints, resume.
+
+A loop supplies ``step_fn(step, gen) -> (loss: float, metrics: dict)`` that runs forward AND backward for one
+optimiser step (so it can accumulate over sequences, with DDP ``no_sync`` where needed); the engine zeroes
+gradients, sets the LR (linear warmup + cosine), clips, steps AdamW, logs a CSV row every ``log_every`` steps,
+writes an atomic checkpoint every ``ckpt_every`` steps and at the end, and resumes from the run directory's
+latest checkpoint (the step RNG is a pure function of (seed, step, rank), so resume is exact).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from pathlib import Path
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+
+from specopd_trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from specopd_trainer.loops.common import dist_info, lr_at, step_generator
+
+
+def run_training(drafter, step_fn: Callable[[int, torch.Generator], Tuple[float, Dict]], run_dir: str | Path, *,
+                 steps: int, lr: float, warmup_steps: int, min_lr_ratio: float, grad_clip: float, seed: int,
+                 log_every: int, ckpt_every: int, max_minutes: Optional[float] = None, weight_decay: float = 0.0,
+                 config: Optional[dict] = None, desc: str = "train",
+                 on_step: Optional[Callable[[int, Dict], None]] = None, progress: bool = True) -> Dict:
+    """Optimise ``drafter`` with ``step_fn``; returns {steps, loss, wall_s, metrics (last)}."""
+    rank, _ = dist_info()
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))
+    start, wall_before = 0, 0.0
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is not None:
+        state = load_checkpoint(ckpt)
+        drafter.load_state_dict(state["drafter"])
+        opt.load_state_dict(state["optimizer"])
+        start, wall_before = int(state["step"]), float(state.get("wall_s", 0.0))
+    log_path = run_dir / "metrics.jsonl"
+    bar = None
+    if progress and rank == 0:
+        from tqdm import tqdm
+
+        bar = tqdm(total=steps, initial=start, desc=desc, dynamic_ncols=True)
+    t0 = time.monotonic()
+    step, loss, metrics = start, float("nan"), {}
+
+    def checkpoint():
+        if rank == 0:
+            save_checkpoint(run_dir, step, {"drafter": drafter.state_dict(), "optimizer": opt.state_dict(),
+                                            "config": config or {}, "wall_s": wall_before + time.monotonic() - t0})
+
+    while step < steps:
+        if max_minutes is not None and wall_before + time.monotonic() - t0 > max_minutes * 60:
+            break
+        cur_lr = lr_at(step, base_lr=lr, warmup_steps=warmup_steps, total_steps=steps, min_ratio=min_lr_ratio)
+        for g in opt.param_groups:
+            g["lr"] = cur_lr
+        opt.zero_grad(set_to_none=True)
+        loss, metrics = step_fn(step, step_generator(seed, step, rank))
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip))
+        opt.step()
+        step += 1
+        wall = wall_before + time.monotonic() - t0
+        if rank == 0 and (step % log_every == 0 or step == steps):
+            row = {"step": step, "loss": loss, "lr": cur_lr, "grad_norm": grad_norm, "wall_s": round(wall, 2),
+                   **metrics}
+            with open(log_path, "a") as fh:
+                fh.write(json.dumps(row) + "\n")
+        if step % ckpt_every == 0:
+            checkpoint()
+        if on_step is not None:
+            on_step(step, metrics)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.4f}", **{k: f"{v:.3f}" for k, v in metrics.items()
+                                                    if isinstance(v, float)})
+    if step > start and step % ckpt_every:
+        checkpoint()
+    if bar is not None:
+        bar.close()
+    return {"steps": step, "loss": loss, "wall_s": wall_before + time.monotonic() - t0, "metrics": metrics}
+
+
+def write_metrics_csv(run_dir: str | Path) -> Path:
+    """Flatten ``metrics.jsonl`` into ``metrics.csv`` (scalar columns) for spreadsheets and plots."""
+    run_dir = Path(run_dir)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    keys = sorted({k for r in rows for k, v in r.items() if isinstance(v, (int, float))})
+    out = run_dir / "metrics.csv"
+    with open(out, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=keys, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow(r)
+    return out

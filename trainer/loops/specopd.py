@@ -1,0 +1,126 @@
+"""SpecOPD: branch-parallel on-policy distillation with the E2E-TV surrogate of acceptance length.
+
+One step (SpecOPD paper; formulas in the shared algorithm notes):
+1. drafter forward at ``anchors_per_seq`` reference anchors of each sequence (training mask, all anchors at once)
+   -> per anchor the drafter's slot distributions q_1..q_G (G = block_size - 1; DFlash drafts every slot in
+   parallel, so slot i's distribution does not depend on the sampled tokens of slots < i);
+2. K branches per anchor sampled from q at ``temperature`` (no gradient), the drafter's own proposals;
+3. ONE ``/specopd/score_trees`` call for the whole step: every branch of every anchor packed into proposal trees
+   sharing the reference prefix; the target's final hidden states come back and the trainer applies the frozen
+   target LM head, giving p_1 (anchor row) and p_{i+1} (row of branch token i) on the branch's own history;
+4. loss E2E-TV: L = 1 - (1/G) sum_j prod_{i<=j} alpha_i, alpha_i = sum_v min(p_i(v), q_i(v)), per branch, mean.
+Only the first G-1 sampled tokens of a branch are scored (the last token's row would predict beyond the block).
+No sequential draft-and-verify rollout is needed. Other losses of the registry (tv, fkl) can replace E2E-TV.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SpecOPDConfig(BaseModel):
+    """SpecOPD hyper-parameters (strict)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    steps: int = Field(default=200, ge=1)
+    max_minutes: float | None = Field(default=None, gt=0)
+    seqs_per_step: int = Field(default=4, ge=1)
+    anchors_per_seq: int = Field(default=8, ge=1)
+    branches: int = Field(default=4, ge=1)
+    temperature: float = Field(default=1.0, gt=0)
+    loss: str = "e2e_tv"
+    lr: float = Field(default=3e-4, gt=0)
+    warmup_steps: int = Field(default=10, ge=0)
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+    grad_clip: float = Field(default=1.0, gt=0)
+    seed: int = 0
+    log_every: int = Field(default=5, ge=1)
+    ckpt_every: int = Field(default=25, ge=1)
+    push_every: int = Field(default=0, ge=0, description="hot-swap into the server every N steps (0 = only at end)")
+
+
+def sample_branches(draft_logits: torch.Tensor, k: int, temperature: float, gen: torch.Generator) -> torch.Tensor:
+    """``k`` branches per block from independent per-slot categorical q: long [nB, k, G]."""
+    probs = torch.softmax(draft_logits.detach().float() / temperature, dim=-1)  # [nB, G, V]
+    nb, g, v = probs.shape
+    flat = probs.reshape(nb * g, v)
+    draws = torch.multinomial(flat, k, replacement=True, generator=gen)  # [nB*G, k]
+    return draws.view(nb, g, k).permute(0, 2, 1).contiguous()
+
+
+def build_request(seqs, anchors_list, branches_list, block_size: int):
+    """The score_trees request of one step: per sequence its anchors with K branches of G-1 tokens each."""
+    from sglang_specopd.protocol import ScoreTreesRequest
+
+    refs = []
+    for s, anchors, br in zip(seqs, anchors_list, branches_list):
+        trees = [{"anchor": int(a), "branches": br[j, :, : block_size - 2].tolist()} for j, a in enumerate(anchors)]
+        refs.append({"input_ids": s.token_ids.tolist(), "trees": trees})
+    return ScoreTreesRequest(references=refs, block_size=block_size, returns=["hidden"], output_dtype="float32")
+
+
+def target_logits_for_branches(head, scored, n_anchors: int, k: int, g: int) -> torch.Tensor:
+    """Target logits ``[n_anchors, k, G, V]`` from one scored reference (rows: anchors, then nodes in order).
+
+    Node order in the request: anchor j, branch b, depth m -> node index (j*k + b)*(G-1) + m. Slot 1 uses the
+    anchor row; slot i+1 uses the row of branch token i (depth i-1).
+    """
+    h = scored.hidden.float()
+    anchor_rows = h[:n_anchors]  # [A, H]
+    nodes = h[n_anchors:].view(n_anchors, k, g - 1, -1)  # [A, K, G-1, H]
+    rows = torch.cat([anchor_rows[:, None, None, :].expand(-1, k, 1, -1), nodes], dim=2)  # [A, K, G, H]
+    return head.logits(rows)
+
+
+def specopd_loss(draft_logits: torch.Tensor, target_logits: torch.Tensor, loss: str = "e2e_tv"):
+    """Loss over ``draft_logits [A, G, V]`` (shared by the A's K branches) and ``target_logits [A, K, G, V]``.
+
+    Returns (loss, metrics) with metrics alpha per slot (mean) and the estimated tau = 1 + E[A].
+    """
+    from specopd_kernels.losses import acceptance_alpha, expected_acceptance_length, get_loss
+
+    a, k, g, v = target_logits.shape
+    q = draft_logits[:, None].expand(a, k, g, v).reshape(a * k, g, v)
+    p = target_logits.reshape(a * k, g, v)
+    value = get_loss(loss)(p, q)
+    with torch.no_grad():
+        alpha = acceptance_alpha(p, q.detach())  # [A*K, G]
+        _, tau = expected_acceptance_length(alpha)
+    return value, {"alpha": alpha.mean(0).tolist(), "est_tau": float(tau.mean())}
+
+
+def specopd_step(drafter, client, seqs: List, cfg: SpecOPDConfig, gen: torch.Generator) -> Tuple[torch.Tensor, Dict]:
+    """Forward + sample + score + loss for one step (no optimiser); returns (loss, metrics)."""
+    from specopd_trainer.loops.common import sample_anchors
+
+    B = drafter.block_size
+    g = B - 1
+    per_seq, anchors_list, branches_list = [], [], []
+    for s in seqs:
+        anchors = sample_anchors(s.prompt_len, len(s.token_ids), cfg.anchors_per_seq, gen)
+        if anchors.numel() == 0:
+            continue
+        logits, _ = drafter.logits(s.features.float(), s.token_ids, anchors)  # [A, B, V]
+        q = logits[:, 1:]  # slots 1..G
+        per_seq.append((s, anchors, q))
+        anchors_list.append(anchors)
+        branches_list.append(sample_branches(q, cfg.branches, cfg.temperature, gen))
+    req = build_request([p[0] for p in per_seq], anchors_list, branches_list, B)
+    scored = client.score_trees(req)
+    total, alphas, taus, n = 0.0, [], [], 0
+    head = drafter._head()
+    for (s, anchors, q), sc in zip(per_seq, scored):
+        p = target_logits_for_branches(head, sc, len(anchors), cfg.branches, g)
+        loss, m = specopd_loss(q, p, cfg.loss)
+        total = total + loss * len(anchors)
+        n += len(anchors)
+        alphas.append(m["alpha"])
+        taus.append(m["est_tau"])
+    loss = total / max(1, n)
+    metrics = {"alpha": [sum(col) / len(col) for col in zip(*alphas)], "est_tau": sum(taus) / len(taus),
+               "supervised_tokens": n * cfg.branches * g}
+    return loss, metrics
