@@ -45,13 +45,11 @@ def main(argv=None) -> int:
     from sglang_specopd.results import write_result
     from sglang_specopd.serve import config_path, launch_spec
     from specopd_trainer.client import SpecOPDClient
-    from specopd_trainer.collect import iter_responses, regenerate
-    from specopd_trainer.data import load_domain, split
     from specopd_trainer.drafters.dflash import DFlashDrafter
     from specopd_trainer.evaluate import evaluate_acceptance
-    from specopd_trainer.features import FeatureStore
     from specopd_trainer.loops.common import mean_walk_tau
     from specopd_trainer.loops.sft import SFTConfig, train_sft
+    from specopd_trainer.pipeline import prepare_sequences
 
     torch.set_num_threads(2)
     run = Path(args.run_dir)
@@ -65,25 +63,15 @@ def main(argv=None) -> int:
     layer_ids = list(drafter.spec.target_layer_ids)
     timings = {}
 
-    # 2. data from the live target server
-    train_records = []
-    for d in DOMAINS:
-        train, _ = split(load_domain(d), eval_fraction=0.1, seed=0)
-        train_records += train[: args.per_domain]
+    # 2. data from the live target server (train split only; cached, resumable)
     plain = ServeConfig.load(config_path("cpu-smollm2-plain"))
     t0 = time.monotonic()
-    cache = run / "responses.jsonl"
-    store = FeatureStore(run / "features", layer_ids)
     with SGLangServer(launch_spec(plain, port=args.port)) as server, SpecOPDClient(server.url) as client:
-        regenerate(client, tok, train_records, cache, max_new_tokens=args.max_new_tokens, concurrency=16)
-        store.build(client, iter_responses(cache))
+        train_seqs, holdout = prepare_sequences(client, tok, layer_ids, run, domains=DOMAINS,
+                                                per_domain=args.per_domain, max_new_tokens=args.max_new_tokens)
     timings["collect_s"] = time.monotonic() - t0
 
     # 3. SFT
-    seqs = store.load()
-    seqs.sort(key=lambda s: s.id)
-    n_hold = max(8, len(seqs) // 20)
-    holdout, train_seqs = seqs[:n_hold], seqs[n_hold:]
     train_tokens = sum(len(s.token_ids) - s.prompt_len for s in train_seqs)
     cfg = SFTConfig(steps=args.steps, max_minutes=args.minutes)
     init_walk = mean_walk_tau(drafter, holdout, 16)

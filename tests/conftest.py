@@ -50,7 +50,8 @@ def _process_matches(proc, port: Optional[int], tag: Optional[str]) -> bool:
             return False
         if port is not None:
             cmdline = proc.cmdline()
-            if any(str(port) == part or part.endswith(f"={port}") or part.endswith(f":{port}") for part in cmdline):
+            pairs = zip(cmdline, cmdline[1:])
+            if f"--port={port}" in cmdline or any(a == "--port" and b == str(port) for a, b in pairs):
                 return True
         if tag is not None:
             try:
@@ -65,7 +66,7 @@ def _process_matches(proc, port: Optional[int], tag: Optional[str]) -> bool:
 
 
 def find_server_processes(port: Optional[int] = None, tag: Optional[str] = None) -> List[str]:
-    """Live (non-zombie) processes whose command line contains ``port`` or whose environment carries ``tag``."""
+    """Live (non-zombie) processes with ``--port PORT`` on their command line or ``tag`` in their environment."""
     import psutil
 
     me = os.getpid()
@@ -82,7 +83,8 @@ def find_server_processes(port: Optional[int] = None, tag: Optional[str] = None)
 
 
 def assert_no_orphans(port: Optional[int] = None, tag: Optional[str] = None, timeout: float = 15.0) -> None:
-    """Fail unless, within ``timeout`` seconds, no process matches ``port`` (command line) or ``tag`` (environment).
+    """Fail unless, within ``timeout`` seconds, no process has ``--port PORT`` on its command line or ``tag`` in its
+    environment (SGLang's scheduler/detokenizer rename themselves, so the tag is what finds them).
 
     A short grace period covers processes that were sent SIGKILL and are just being reaped.
     """
@@ -158,6 +160,30 @@ class RunningServer:
 
 
 @contextlib.contextmanager
+def _sigterm_as_keyboard_interrupt() -> Iterator[None]:
+    """While a server runs, SIGTERM to pytest (e.g. a CI timeout) unwinds like Ctrl-C, so fixtures tear it down.
+
+    The server runs in its own session (so its process group can be killed as a whole); by default a SIGTERM'd
+    pytest would die without running finalizers and leave the server running, orphaned.
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
 def running_server(spec, log_dir: Path, name: str) -> Iterator[RunningServer]:
     """Start ``spec`` (tagged), yield a :class:`RunningServer` inside ``with SGLangServer``, tear down, check orphans."""
     from sglang_specopd.launch import SGLangServer
@@ -165,6 +191,12 @@ def running_server(spec, log_dir: Path, name: str) -> Iterator[RunningServer]:
     tag = new_process_tag()
     log_path = log_dir / f"{name}.log"
     server = SGLangServer(spec, log_path=log_path)
+    with _sigterm_as_keyboard_interrupt(), _server_lifetime(server, spec, log_path, tag) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def _server_lifetime(server, spec, log_path: Path, tag: str) -> Iterator[RunningServer]:
     try:
         with _env_var(TEST_TAG_ENV, tag):
             server.start(timeout=SERVER_START_TIMEOUT_S)  # raises ServeError with SGLang's log tail on failure

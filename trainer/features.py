@@ -59,7 +59,8 @@ class FeatureStore:
 
     def build(self, client, items: Iterable[dict], *, batch: int = 8, shard_size: int = 64,
               dtype: str = "bfloat16", progress: bool = True) -> int:
-        """Fetch features for every response item ({id, domain, prompt_ids, response_ids}) not cached yet.
+        """Fetch features for every response item not cached yet (dicts or
+        :class:`specopd_trainer.collect.CachedResponse`: id, domain, prompt_ids, response_ids).
 
         Returns the number of sequences added. One ``score_trees`` call per ``batch`` sequences; a shard file is
         written atomically every ``shard_size`` sequences, then the index (so a crash loses at most one shard).
@@ -68,7 +69,9 @@ class FeatureStore:
 
         from sglang_specopd.protocol import ScoreTreesRequest
 
-        todo = [it for it in items if it["id"] not in self.index]
+        todo = [it if isinstance(it, dict) else {"id": it.id, "domain": it.domain, "prompt_ids": it.prompt_ids,
+                                                   "response_ids": it.response_ids} for it in items]
+        todo = [it for it in todo if it["id"] not in self.index]
         bar = None
         if progress:
             from tqdm import tqdm
