@@ -15,7 +15,8 @@ SGLang), the DFLASH fused context-KV helper (pre-stacked weight copies on GPU) i
 bumped. Any failure while loading restores the previous weights (rollback) and serving goes on. The swap runs
 in the scheduler between batches: in-flight requests continue with the new drafter on their next verify step
 (their draft KV still holds the old drafter's context projections until they finish; outputs stay exact since
-the target verifies every token).
+the target verifies every token). Cached prefixes hold draft KV of the previous drafter too, so after a swap
+the radix cache is flushed when the scheduler is idle (reply ``cache_flushed``).
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ def validate_swap(serving_spec, config: dict, tensors: Dict[str, torch.Tensor]) 
     """Raise ``ValueError`` with the first problem if ``(config, tensors)`` is not a drop-in for the serving drafter."""
     from sglang_specopd.drafter_format import expected_tensors, spec_from_config
 
+    if not isinstance(config, dict):
+        raise ValueError(f"refused: the drafter config must be a JSON object, got {type(config).__name__}")
     if config.get("architectures") != ["DFlashDraftModel"]:
         raise ValueError(f"refused: config.architectures is {config.get('architectures')!r}, not "
                          "['DFlashDraftModel'] (is this a target checkpoint?)")
@@ -113,6 +116,8 @@ def _read_request(payload: bytes) -> Tuple[dict, Dict[str, torch.Tensor], str]:
 
     if payload[:1] == b"{":
         req = json.loads(payload)
+        if not isinstance(req, dict) or not isinstance(req.get("path"), str):
+            raise ValueError('refused: a JSON swap request must be {"path": DIR, "version": str (optional)}')
         path = Path(req["path"])
         try:
             config = json.loads((path / "config.json").read_text())
@@ -143,8 +148,11 @@ def swap_drafter_op(scheduler, payload: bytes):
     apply_swap(worker, tensors)
     previous = _STATE["version"]
     _STATE["version"], _STATE["swaps"] = version, _STATE["swaps"] + 1
+    # The radix cache keeps the draft KV (context projections) the previous drafter computed for cached prefixes;
+    # new requests would reuse it. Drop it when nothing is running (SGLang refuses to flush a busy scheduler).
+    flushed = bool(scheduler.flush_cache()) if hasattr(scheduler, "flush_cache") else False
     return 200, "ok", json.dumps({"version": version, "previous_version": previous,
-                                  "swaps": _STATE["swaps"]}).encode()
+                                  "swaps": _STATE["swaps"], "cache_flushed": flushed}).encode()
 
 
 @op("drafter_info")

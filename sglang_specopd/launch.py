@@ -108,8 +108,37 @@ class LaunchSpec:
         return a + list(self.extra_args)
 
 
+_LIVE: "set[SGLangServer]" = set()
+
+
+def _stop_all_live() -> None:
+    for server in list(_LIVE):
+        server.stop()
+
+
+def _install_cleanup() -> None:
+    """Stop every server this process started when it exits, including on SIGTERM (no orphan schedulers)."""
+    import atexit
+    import threading
+
+    if getattr(_install_cleanup, "done", False):
+        return
+    _install_cleanup.done = True
+    atexit.register(_stop_all_live)
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        def on_term(signum, frame):
+            _stop_all_live()
+            raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, on_term)
+
+
 class SGLangServer:
-    """A running SGLang server; a context manager that always tears the whole process group down."""
+    """A running SGLang server; a context manager that always tears the whole process group down.
+
+    Servers still running when the process exits (normally, by an exception, or by SIGTERM when no other SIGTERM
+    handler is installed) are stopped too.
+    """
 
     def __init__(self, spec: LaunchSpec, log_path: Optional[str | Path] = None):
         self.spec = spec
@@ -130,6 +159,8 @@ class SGLangServer:
         self.proc = subprocess.Popen(self.spec.argv(), env=server_env(self.spec.device), stdout=log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
+        _install_cleanup()
+        _LIVE.add(self)
         try:
             self._wait_healthy(timeout)
         except BaseException:
@@ -183,6 +214,7 @@ class SGLangServer:
                 pass
             break
         self.proc = None
+        _LIVE.discard(self)
 
     def __enter__(self) -> "SGLangServer":
         if self.proc is None:

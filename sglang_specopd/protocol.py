@@ -122,8 +122,8 @@ def validate_request(req: ScoreTreesRequest, vocab_size: int, num_layers: int) -
             depth: List[int] = []
             for n, p in enumerate(parents):
                 if p >= n or p < -1:
-                    kind = "cycle or forward reference" if p >= n else "out of range"
-                    raise ScoreTreesError(f"{where}: parents[{n}] = {p} is a {kind} (must be -1 or < {n})")
+                    kind = "a cycle or forward reference" if p >= n else "out of range"
+                    raise ScoreTreesError(f"{where}: parents[{n}] = {p} is {kind} (must be -1 or < {n})")
                 depth.append(0 if p == -1 else depth[p] + 1)
             if depth and max(depth) + 1 > req.block_size - 1:
                 raise ScoreTreesError(f"{where}: a path of {max(depth) + 1} tokens is longer than block_size - 1 = "
@@ -153,7 +153,10 @@ def decode_tensors(data: bytes) -> Tuple[Dict[str, "object"], dict]:
     header_len = int.from_bytes(data[:8], "little")
     meta = json.loads(data[8 : 8 + header_len]).get("__metadata__", {}) or {}
     del safe_open
-    return tensors, json.loads(meta.get("specopd", "{}"))
+    header = json.loads(meta.get("specopd", "{}"))
+    if not isinstance(header, dict):
+        raise ValueError(f"malformed payload: the specopd header must be a JSON object, got {type(header).__name__}")
+    return tensors, header
 
 
 _INT_DTYPES = ("torch.int32", "torch.int64")

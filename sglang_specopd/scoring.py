@@ -21,7 +21,7 @@ from typing import Dict, List, Tuple
 import torch
 
 from sglang_specopd.control import op
-from sglang_specopd.protocol import ScoreTreesRequest, encode_tensors, validate_request
+from sglang_specopd.protocol import ScoreTreesError, ScoreTreesRequest, encode_tensors, validate_request
 
 _TREE_MASK: contextvars.ContextVar = contextvars.ContextVar("specopd_tree_mask", default=None)
 
@@ -98,6 +98,17 @@ def _lm_head_weight(model) -> torch.Tensor:
     return w
 
 
+def _max_position(ref) -> int:
+    """The largest position of a reference's packed row: its last token, or its deepest node (a+1+depth)."""
+    top = len(ref.input_ids) - 1
+    for tree in ref.trees:
+        depth: List[int] = []
+        for p in tree.flat()[1]:
+            depth.append(0 if p == -1 else depth[p] + 1)
+        top = max(top, tree.anchor + max(depth, default=-1) + 1)
+    return top
+
+
 @op("score_trees")
 def score_trees_op(scheduler, payload: bytes):
     """Scheduler op: JSON :class:`ScoreTreesRequest` bytes in, safetensors bytes out (see routes for the layout)."""
@@ -107,6 +118,14 @@ def score_trees_op(scheduler, payload: bytes):
     model = _target_model(scheduler)
     cfg = scheduler.tp_worker.model_runner.model_config
     validate_request(req, vocab_size=cfg.vocab_size, num_layers=cfg.num_hidden_layers)
+    context_len = getattr(cfg, "context_len", None)
+    for i, ref in enumerate(req.references):
+        top = _max_position(ref)
+        if context_len and top >= context_len:
+            # /generate refuses such inputs too; a position past the RoPE cache is an IndexError on CPU and a
+            # device-side assert on GPU
+            raise ScoreTreesError(f"references[{i}]: position {top} is past the model's context length "
+                                  f"({context_len} tokens)")
     device = next(model.parameters()).device
     out_dtype = torch.float32 if req.output_dtype == "float32" else torch.bfloat16
     head = _lm_head_weight(model)

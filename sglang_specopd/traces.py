@@ -39,22 +39,29 @@ def record_verify_step(
         accepted: per row, number of accepted drafted tokens.
     """
     for req, anchor, prop, acc in zip(reqs, anchors, proposed, accepted):
-        if not wants_trace(req):
-            continue
-        pending = getattr(req, _PENDING_ATTR, None)
-        if pending is None:
-            pending = []
-            setattr(req, _PENDING_ATTR, pending)
-        pending.append({"anchor": int(anchor), "proposed": [int(t) for t in prop], "accepted": int(acc)})
+        if wants_trace(req):
+            _push(req, _PENDING_ATTR, {"anchor": int(anchor), "proposed": [int(t) for t in prop], "accepted": int(acc)})
+
+
+def _push(req: Any, attr: str, item: Any) -> None:
+    items = getattr(req, attr, None)
+    if items is None:
+        items = []
+        setattr(req, attr, items)
+    items.append(item)
+
+
+def _take(req: Any, attr: str) -> list:
+    items = getattr(req, attr, None)
+    if not items:
+        return []
+    setattr(req, attr, [])
+    return items
 
 
 def take_pending(req: Any) -> List[dict]:
     """Return and clear the records not yet streamed for ``req`` ([] if none)."""
-    pending = getattr(req, _PENDING_ATTR, None)
-    if not pending:
-        return []
-    setattr(req, _PENDING_ATTR, [])
-    return pending
+    return _take(req, _PENDING_ATTR)
 
 
 VERSIONS_KEY = "specopd_drafter_versions"
@@ -66,20 +73,11 @@ def record_versions(reqs: Sequence[Any], version: str) -> None:
     """Note that ``version`` of the drafter proposed for every request in ``reqs`` at this verify step."""
     for req in reqs:
         seen = getattr(req, _VERSIONS_ATTR, None)
-        if seen is None:
-            seen = []
-            setattr(req, _VERSIONS_ATTR, seen)
         if not seen or seen[-1] != version:
-            seen.append(version)
-            pending = getattr(req, _VERSIONS_PENDING, None) or []
-            pending.append(version)
-            setattr(req, _VERSIONS_PENDING, pending)
+            _push(req, _VERSIONS_ATTR, version)
+            _push(req, _VERSIONS_PENDING, version)
 
 
 def take_pending_versions(req: Any) -> List[str]:
     """Drafter versions first used by ``req`` since its last streamed output (appended to meta_info)."""
-    pending = getattr(req, _VERSIONS_PENDING, None)
-    if not pending:
-        return []
-    setattr(req, _VERSIONS_PENDING, [])
-    return pending
+    return _take(req, _VERSIONS_PENDING)

@@ -258,6 +258,10 @@ CHECKS = textwrap.dedent(r'''
         t = torch.zeros(4)
         return t.record_stream(torch.get_device_module(t.device).current_stream())
 
+    def record_stream_generic():
+        t = torch.zeros(4)
+        return t.record_stream(torch.Stream("cpu"))
+
     def record_stream_meta():
         t = torch.zeros(4, device="meta")
         return t.record_stream(torch.get_device_module("cpu").current_stream())
@@ -321,8 +325,9 @@ CHECKS = textwrap.dedent(r'''
         v = torch.randn(bs * N, HKV * D, generator=g)
         return backend, fb, layer, q, k, v
 
-    def verify_reference(backend, q, k, v):
-        # causal attention over prefix (from the cache) + the block (k, v), block queries at the end
+    def verify_reference(backend, q, k, v, causal=True):
+        # attention over prefix (from the cache) + the block (k, v), block queries at the end; causal for the
+        # target, full (non-causal) for DFLASH's draft layers (ENCODER_ONLY)
         pool = backend.token_to_kv_pool
         outs = []
         for i, (row, p) in enumerate(zip(ROWS, PREFIX)):
@@ -332,7 +337,9 @@ CHECKS = textwrap.dedent(r'''
             qq = q[i * N:(i + 1) * N].view(N, HQ, D)
             kk = kk.repeat_interleave(HQ // HKV, dim=1)
             vv = vv.repeat_interleave(HQ // HKV, dim=1)
-            mask = torch.ones(N, p + N, dtype=torch.bool).tril(diagonal=p)
+            mask = torch.ones(N, p + N, dtype=torch.bool)
+            if causal:
+                mask = mask.tril(diagonal=p)
             o = torch.nn.functional.scaled_dot_product_attention(
                 qq.transpose(0, 1), kk.transpose(0, 1), vv.transpose(0, 1), attn_mask=mask, scale=D ** -0.5)
             outs.append(o.transpose(0, 1).reshape(N, HQ * D))
@@ -344,6 +351,15 @@ CHECKS = textwrap.dedent(r'''
         got = TorchNativeAttnBackend.forward_extend(backend, q, k, v, layer, fb)
         written = torch.equal(backend.token_to_kv_pool.k[fb.out_cache_loc], k.view(-1, HKV, D))
         return {"max_err": float((got - want).abs().max()), "kv_written": written}
+
+    def target_verify_encoder_only():
+        backend, fb, layer, q, k, v = verify_setup()
+        layer.attn_type = AttentionType.ENCODER_ONLY
+        want = verify_reference(backend, q, k, v, causal=False)
+        causal_want = verify_reference(backend, q, k, v, causal=True)
+        got = TorchNativeAttnBackend.forward_extend(backend, q, k, v, layer, fb)
+        return {"max_err": float((got - want).abs().max()),
+                "differs_from_causal": float((causal_want - want).abs().max()) > 1e-3}
 
     def target_verify_with_extend_lens():
         # the most helpful lengths a verify batch could carry: prefix and block length per request
@@ -372,6 +388,7 @@ CHECKS = textwrap.dedent(r'''
     check("handle_dflash_before", handle_dflash)
     check("draft_worker_backend_before", draft_worker_backend)
     check("record_stream_before", record_stream)
+    check("record_stream_generic_before", record_stream_generic)
     check("dflash_attention_before", dflash_attention)
     check("table_kernel_on_cpu", table_kernel_on_cpu)
     check("target_verify_before", target_verify)
@@ -389,10 +406,12 @@ CHECKS = textwrap.dedent(r'''
     check("handle_dflash_after", handle_dflash)
     check("draft_worker_backend_after", draft_worker_backend)
     check("record_stream_after", record_stream)
+    check("record_stream_generic_after", record_stream_generic)
     check("record_stream_meta_after", record_stream_meta)
     check("dflash_attention_after", dflash_attention)
     check("target_verify_after", target_verify)
     check("target_verify_custom_mask_after", target_verify_custom_mask)
+    check("target_verify_encoder_only_after", target_verify_encoder_only)
     check("plain_extend_after", plain_extend_unchanged)
     print(json.dumps(R))
 ''')
@@ -453,8 +472,12 @@ def test_cpu_platform_proxy_answers_for_dflash_only(cpu_checks: dict) -> None:
 
 def test_record_stream_is_a_noop_for_cpu_tensors(cpu_checks: dict) -> None:
     """(c) dflash_worker_v2 calls seq_lens.record_stream(current_stream()); torch has no CPU kernel for it."""
+    # torch rejects the torch.cpu.Stream SGLang passes ("unknown parameter type"), and has no CPU kernel for
+    # aten::record_stream when given a generic torch.Stream("cpu") (NotImplementedError)
     assert "RuntimeError" in _failed(cpu_checks, "record_stream_before")
+    assert "NotImplementedError" in _failed(cpu_checks, "record_stream_generic_before")
     assert _ok(cpu_checks, "record_stream_after") is None
+    assert _ok(cpu_checks, "record_stream_generic_after") is None
     # other devices still reach torch's real method (which rejects a CPU stream object)
     assert "RuntimeError" in _failed(cpu_checks, "record_stream_meta_after")
 
@@ -495,6 +518,9 @@ def test_torch_native_target_verify_equals_causal_attention(cpu_checks: dict) ->
     assert after["kv_written"] is True
     assert after["max_err"] < 1e-5, after
     assert "NotImplementedError" in _failed(cpu_checks, "target_verify_custom_mask_after")
+    # DFLASH's draft layers (ENCODER_ONLY) also run in TARGET_VERIFY: full attention over prefix + block
+    enc = _ok(cpu_checks, "target_verify_encoder_only_after")
+    assert enc["differs_from_causal"] and enc["max_err"] < 1e-5, enc
     # prefill (EXTEND) batches take SGLang's own path, unchanged
     assert _ok(cpu_checks, "plain_extend_after") == _ok(cpu_checks, "plain_extend_before")
 

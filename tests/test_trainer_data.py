@@ -71,13 +71,24 @@ def test_agentic_tools_in_system_prompt() -> None:
     first = a[0]
     assert first["id"] == "bfcl/multi_turn_base_0" and [m["role"] for m in first["messages"]] == ["system", "user"]
     system = first["messages"][0]["content"]
-    assert system.startswith("You are an expert in composing functions.")
-    assert "Here is a list of functions in JSON format that you can invoke." in system
-    assert '"name": "mv"' in system and '"name": "post_tweet"' in system  # GorillaFileSystem + TwitterAPI tools
+    # compact rendering (default): one line per tool, name(params): description
+    assert system.startswith("You are an agent that solves the user's task by calling functions.")
+    assert "\n- mv(source: string, destination: string): " in system  # GorillaFileSystem tool
+    assert "\n- post_tweet(" in system  # TwitterAPI tool
+    assert "This tool belongs to" not in system and "Tool description:" not in system
     assert first["messages"][1]["content"].startswith("Move 'final_report.pdf' within document directory")
     # miss_func records hold back the function that is only given in a later turn
     miss = next(r for r in a if r["id"] == "bfcl/multi_turn_miss_func_0")
-    assert '"name": "sort"' not in miss["messages"][0]["content"]
+    assert "\n- sort(" not in miss["messages"][0]["content"]
+
+
+def test_agentic_full_json_rendering() -> None:
+    from specopd_trainer.data.domains import load_agentic
+
+    first = load_agentic(limit=1, compact=False)[0]
+    system = first["messages"][0]["content"]
+    assert system.startswith("You are an expert in composing functions.")
+    assert '"name": "mv"' in system and '"name": "post_tweet"' in system
 
 
 def test_limit_is_a_stable_prefix() -> None:
