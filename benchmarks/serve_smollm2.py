@@ -12,6 +12,7 @@ numerics change with batch shape even without speculation, so bf16 is reported a
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -88,7 +89,9 @@ def main(argv=None) -> int:
     tok = AutoTokenizer.from_pretrained(resolve_target("smollm2"))
     prompt_ids = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                           tokenize=True, return_dict=False) for _, p in PROMPTS]
+    load_before = os.getloadavg()
     runs = {dt: measure(dt, prompt_ids, args.max_new_tokens, args.port) for dt in ("float32", "bfloat16")}
+    load_after = os.getloadavg()
 
     def per_prompt(dt):
         plain, spec = runs[dt]["plain"]["outs"], runs[dt]["specopd"]["outs"]
@@ -121,6 +124,8 @@ def main(argv=None) -> int:
         "tokens_per_s": {"plain": tps("bfloat16", "plain"), "specopd": tps("bfloat16", "specopd"),
                          "dtype": "bfloat16"},
         "tokens_per_s_fp32": {"plain": tps("float32", "plain"), "specopd": tps("float32", "specopd")},
+        "load_average_1m": {"before": load_before[0], "after": load_after[0],
+                            "note": "other jobs on the 2 cores slow both servers alike; compare plain vs specopd"},
     }
     path = write_result(args.out, payload, command="python " + " ".join(sys.argv))
     print(f"wrote {path}: fp32 identical {payload['all_greedy_identical_fp32']}, bf16 match rate "

@@ -36,6 +36,10 @@ REPO = Path(__file__).resolve().parents[1]
 # rename themselves, e.g. "sglang::scheduler", so their command lines do not show the port).
 TEST_TAG_ENV = "SPECOPD_TEST_PROCESS_TAG"
 SERVER_START_TIMEOUT_S = 420.0
+# Intra-op threads of the test servers (OMP_NUM_THREADS, unless the environment already sets it). On this 2-core
+# machine shared with other jobs, SGLang's default (one OpenMP thread per core, spin-waiting) was measured ~13x
+# slower than a single thread: 3 x 48 greedy SmolLM2 fp32 tokens took 155-161 s vs 12 s (load average ~4).
+SERVER_OMP_THREADS = os.environ.get("SPECOPD_TEST_SERVER_THREADS", "1")
 
 # ---------------------------------------------------------------------------------------------------------------
 # Orphan-process checks
@@ -108,7 +112,11 @@ def new_process_tag() -> str:
 
 
 @contextlib.contextmanager
-def _env_var(name: str, value: str) -> Iterator[None]:
+def _env_var(name: str, value: Optional[str]) -> Iterator[None]:
+    """Set (or, with ``None``, leave alone) one environment variable for the duration of the block."""
+    if value is None:
+        yield
+        return
     old = os.environ.get(name)
     os.environ[name] = value
     try:
@@ -198,7 +206,8 @@ def running_server(spec, log_dir: Path, name: str) -> Iterator[RunningServer]:
 @contextlib.contextmanager
 def _server_lifetime(server, spec, log_path: Path, tag: str) -> Iterator[RunningServer]:
     try:
-        with _env_var(TEST_TAG_ENV, tag):
+        threads = None if "OMP_NUM_THREADS" in os.environ or not SERVER_OMP_THREADS else SERVER_OMP_THREADS
+        with _env_var(TEST_TAG_ENV, tag), _env_var("OMP_NUM_THREADS", threads):
             server.start(timeout=SERVER_START_TIMEOUT_S)  # raises ServeError with SGLang's log tail on failure
         with server:
             yield RunningServer(url=server.url, port=spec.port, spec=spec, log_path=log_path, tag=tag,
