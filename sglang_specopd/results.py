@@ -90,5 +90,6 @@ def write_result(path: str | Path, payload: Dict[str, Any], command: str | None 
     with os.fdopen(fd, "w") as fh:
         json.dump(data, fh, indent=2)
         fh.write("\n")
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
     return path
