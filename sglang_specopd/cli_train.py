@@ -34,4 +34,8 @@ def main_job(
         table.add_row(d, f"{res['before'][d]:.3f}", f"{res['after'][d]:.3f}")
     table.add_row("mean", f"{res['before_mean']:.3f}", f"{res['after_mean']:.3f}")
     Console().print(table)
+    meta = res["chat_meta"]
+    typer.echo(f"\nchat completion with the redeployed drafter:\n{res['chat_reply']}\n")
+    typer.echo(f"acceptance: {meta['completion_tokens']} tokens in {meta['spec_verify_ct']} verify steps, tau "
+               f"{meta['spec_accept_length']:.3f}, drafter versions {meta['specopd_drafter_versions']}")
     console.print(f"trained drafter: {res['drafter']}; timings: { {k: round(v) for k, v in res['timings_s'].items()} }")

@@ -111,6 +111,13 @@ def run_main_job(cfg: MainJobConfig, console=None) -> Dict:
         after = evaluate_acceptance(server.url, tok, DOMAINS, temperature=0.0, limit=cfg.eval_limit,
                                     max_new_tokens=cfg.eval_max_new_tokens, progress=False)
         info = client._request("GET", "/specopd/drafter").json()
+        chat = client._request("POST", "/v1/chat/completions", json={
+            "model": "default", "max_tokens": 64, "temperature": 0, "return_meta_info": True,
+            "custom_params": {"specopd_trace": True},
+            "messages": [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}],
+        }).json()["choices"][0]
     return {"before": before["tau"], "after": after["tau"], "before_mean": before["mean_tau"],
             "after_mean": after["mean_tau"], "serving_version": info["version"], "timings_s": timings,
-            "drafter": str(work / "drafter-specopd")}
+            "drafter": str(work / "drafter-specopd"), "chat_reply": chat["message"]["content"],
+            "chat_meta": {k: (chat.get("meta_info") or {}).get(k) for k in
+                          ("completion_tokens", "spec_verify_ct", "spec_accept_length", "specopd_drafter_versions")}}
