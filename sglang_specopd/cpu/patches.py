@@ -117,26 +117,29 @@ def torch_native_forward_extend(original_fn, self, q, k, v, layer, forward_batch
             "torch_native TARGET_VERIFY supports chain verification only (custom_mask must be None)"
         )
     n = int(spec_info.draft_token_num)
-    bs = forward_batch.batch_size
-    prefix = forward_batch.seq_lens
-    o = q.new_empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim))
+    hq, hkv = layer.tp_q_head_num, layer.tp_k_head_num
+    o = q.new_empty((q.shape[0], hq * layer.v_head_dim))
     if save_kv_cache and k is not None and v is not None:
         self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, self.swa_out_cache_loc), k, v)
-    self._run_sdpa_forward_extend(
-        q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
-        o.view(-1, layer.tp_q_head_num, layer.v_head_dim),
-        self.token_to_kv_pool.get_key_buffer(layer.layer_id),
-        self.token_to_kv_pool.get_value_buffer(layer.layer_id),
-        self.req_to_token_pool.req_to_token,
-        forward_batch.req_pool_indices,
-        prefix + n,
-        prefix,
-        torch.full((bs,), n, dtype=prefix.dtype, device=prefix.device),
-        None,
-        scaling=layer.scaling,
-        enable_gqa=layer.tp_q_head_num != layer.tp_k_head_num,
-        causal=getattr(layer, "attn_type", None) != AttentionType.ENCODER_ONLY,
-    )
+    k_cache = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
+    v_cache = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
+    req_to_token = self.req_to_token_pool.req_to_token
+    causal = getattr(layer, "attn_type", None) != AttentionType.ENCODER_ONLY
+    qv = q.view(-1, hq, layer.qk_head_dim)
+    ov = o.view(-1, hq, layer.v_head_dim)
+    # Only the n block queries per request (torch_native's extend path would run all L of them): O(n * L).
+    for i, (row, pre) in enumerate(zip(forward_batch.req_pool_indices.tolist(), forward_batch.seq_lens.tolist())):
+        length = int(pre) + n
+        idx = req_to_token[int(row), :length]
+        qq = qv[i * n : (i + 1) * n].transpose(0, 1).unsqueeze(0)
+        kk = k_cache[idx].transpose(0, 1).unsqueeze(0).to(qq.dtype)
+        vv = v_cache[idx].transpose(0, 1).unsqueeze(0).to(qq.dtype)
+        mask = None
+        if causal:  # query j sits at position pre + j and sees keys 0 .. pre + j
+            mask = torch.arange(length, device=q.device)[None, :] <= (int(pre) + torch.arange(n, device=q.device))[:, None]
+        out = torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, scale=layer.scaling,
+                                                               enable_gqa=hq != hkv)
+        ov[i * n : (i + 1) * n] = out.squeeze(0).transpose(0, 1)
     return o
 
 
