@@ -36,6 +36,6 @@ def main_job(
     Console().print(table)
     meta = res["chat_meta"]
     typer.echo(f"\nchat completion with the redeployed drafter:\n{res['chat_reply']}\n")
-    typer.echo(f"acceptance: {meta['completion_tokens']} tokens in {meta['spec_verify_ct']} verify steps, tau "
-               f"{meta['spec_accept_length']:.3f}, drafter versions {meta['specopd_drafter_versions']}")
+    typer.echo(f"acceptance: {meta.get('completion_tokens')} tokens in {meta.get('spec_verify_ct')} verify steps, "
+               f"tau {meta.get('spec_accept_length')}, drafter versions {meta.get('specopd_drafter_versions')}")
     console.print(f"trained drafter: {res['drafter']}; timings: { {k: round(v) for k, v in res['timings_s'].items()} }")
