@@ -143,7 +143,6 @@ def encode_tensors(tensors: Dict[str, "object"], header: Optional[dict] = None) 
 
 def decode_tensors(data: bytes) -> Tuple[Dict[str, "object"], dict]:
     """Inverse of :func:`encode_tensors`: (tensors, header). Raises ``ValueError`` on a malformed payload."""
-    from safetensors import safe_open
     from safetensors.torch import load
 
     try:
@@ -152,7 +151,6 @@ def decode_tensors(data: bytes) -> Tuple[Dict[str, "object"], dict]:
         raise ValueError(f"malformed safetensors payload: {exc}") from None
     header_len = int.from_bytes(data[:8], "little")
     meta = json.loads(data[8 : 8 + header_len]).get("__metadata__", {}) or {}
-    del safe_open
     header = json.loads(meta.get("specopd", "{}"))
     if not isinstance(header, dict):
         raise ValueError(f"malformed payload: the specopd header must be a JSON object, got {type(header).__name__}")
@@ -220,20 +218,16 @@ def tensors_digest(tensors: Dict[str, "object"]) -> str:
     """sha256 over (name, dtype, shape, raw bytes) of every tensor in name order: the swap checksum."""
     import hashlib
 
+    import torch
+
     h = hashlib.sha256()
     for name in sorted(tensors):
         t = tensors[name].contiguous()
         h.update(name.encode())
         h.update(str(t.dtype).encode())
         h.update(str(tuple(t.shape)).encode())
-        h.update(t.view(-1).view(torch_uint8()).numpy().tobytes() if t.numel() else b"")
+        h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
-
-
-def torch_uint8():
-    import torch
-
-    return torch.uint8
 
 
 def swap_payload(config: dict, tensors: Dict[str, "object"], version: str) -> bytes:
