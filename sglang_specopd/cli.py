@@ -17,7 +17,7 @@ app.add_typer(drafter_app, name="drafter")
 
 def _register_subcommands() -> None:
     # Each module adds its commands to the apps above; the modules import nothing heavy at import time.
-    from sglang_specopd import cli_demo, cli_drafter, cli_eval, cli_models, cli_serve, cli_train  # noqa: F401
+    from sglang_specopd import cli_bench, cli_demo, cli_drafter, cli_eval, cli_models, cli_serve, cli_train  # noqa: F401
 
 
 def main() -> None:

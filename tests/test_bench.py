@@ -1,0 +1,464 @@
+"""Serving benchmark and report (sglang_specopd/bench, ``specopd bench``).
+
+Most tests run against fake OpenAI-streaming servers (a threaded HTTP/1.1 server in this file that streams
+scripted SSE chunks, or drops the connection, or hangs), so the numbers are known exactly. One test launches a
+tiny real SPECOPD server and its plain baseline through the benchmark's own launcher and checks SGLang's
+per-request statistics (histogram sums to the verify count, tau = completion tokens / verify steps).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List, Optional
+
+import pytest
+
+from sglang_specopd.bench import BenchError
+from sglang_specopd.bench.client import BenchPrompt, RequestParams, RequestRecord, run_level
+from sglang_specopd.bench.metrics import (acceptance, itl_values, padded_histogram, percentile, speedup,
+                                          summarize_level, tpot)
+
+# A speculative request as a fake server streams it: prefill token, then verify steps of 3, 2 and 4 tokens.
+CHUNKS = (1, 3, 2, 4)
+SPEC_DETAILS = {"spec_verify_ct": 3, "spec_accept_length": 10 / 3, "spec_correct_drafts_histogram": [0, 1, 1, 1]}
+GAP_S = 0.03
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Fake OpenAI streaming server
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class FakeServer:
+    """What the fake server does per completion request: ``mode(n)`` for the n-th request (0-based) is one of
+    ``ok`` (scripted stream + [DONE]), ``drop`` (two chunks, then the connection is cut), ``reset`` (closed
+    before any response), ``hang`` (no response until the server stops)."""
+
+    def __init__(self, mode: Callable[[int], str], spec: Optional[dict] = SPEC_DETAILS):
+        self.mode, self.spec = mode, spec
+        self.bodies: List[dict] = []
+        self.flushes = 0
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def fake_server(fake: FakeServer) -> Iterator[str]:
+    class H(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def _json(self, payload: dict) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802
+            info = {"model_path": "/fake/target", "speculative_algorithm": "SPECOPD" if fake.spec else None,
+                    "speculative_dflash_block_size": 4 if fake.spec else None}
+            self._json(info if self.path == "/server_info" else {})
+
+        def _chunk(self, obj) -> None:
+            data = f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n".encode()
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+        def _cut(self) -> None:
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+
+        def do_POST(self) -> None:  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            if self.path == "/flush_cache":
+                fake.flushes += 1
+                return self._json({})
+            with fake.lock:
+                n = len(fake.bodies)
+                fake.bodies.append(body)
+            mode = fake.mode(n)
+            if mode == "reset":
+                return self._cut()
+            if mode == "hang":
+                fake.stop.wait(30)
+                return self._cut()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            total = 0
+            for k, n_tok in enumerate(CHUNKS):
+                if mode == "drop" and k == 2:
+                    return self._cut()
+                time.sleep(GAP_S)
+                total += n_tok
+                self._chunk({"choices": [{"index": 0, "text": "ab" * n_tok,
+                                          "finish_reason": "length" if k == len(CHUNKS) - 1 else None}],
+                             "usage": {"prompt_tokens": 7, "completion_tokens": total, "total_tokens": 7 + total}})
+            if fake.spec:
+                self._chunk({"choices": [], "sglext": {"spec_tokens_details": fake.spec}})
+            self._chunk({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": total}})
+            self._chunk("[DONE]")
+            self.wfile.write(b"0\r\n\r\n")
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    srv.daemon_threads = True
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        fake.stop.set()
+        srv.shutdown()
+        srv.server_close()
+        thread.join(5)
+
+
+def prompts(n: int) -> List[BenchPrompt]:
+    domains = ("dialogue", "coding", "math", "agentic")
+    return [BenchPrompt(f"p{i}", domains[i % 4], tuple(range(3, 10 + i))) for i in range(n)]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Client + metrics against the fake server
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_stream_records_and_level_summary_on_fake_server() -> None:
+    fake = FakeServer(lambda n: "ok")
+    params = RequestParams(max_new_tokens=10, temperature=1.0)
+    with fake_server(fake) as url:
+        run = run_level(url, prompts(6), 3, params, timeout_s=20)
+    assert len(fake.bodies) == 6
+    body = next(b for b in fake.bodies if b["prompt"] == list(range(3, 10)))
+    assert body["stream"] is True and body["return_spec_tokens_details"] is True
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert body["max_tokens"] == 10 and body["temperature"] == 1.0 and body["top_k"] == -1
+    assert isinstance(body["seed"], int)
+    for rec in run.records:
+        assert rec.ok and rec.error is None
+        assert rec.chunk_tokens == CHUNKS and rec.completion_tokens == 10 and rec.prompt_tokens == 7
+        assert rec.verify_ct == 3 and rec.histogram == (0, 1, 1, 1) and rec.finish_reason == "length"
+        assert rec.ttft_s == rec.chunk_times_s[0] >= GAP_S * 0.9
+        assert rec.latency_s >= rec.chunk_times_s[-1] >= 4 * GAP_S * 0.9
+        assert len(itl_values(rec)) == 9
+    assert [r.id for r in run.records] == [p.id for p in prompts(6)]
+    s = summarize_level(run.records, run.duration_s, speculative=True, block_size=4)
+    assert (s["requests"], s["completed"], s["errors"], s["output_tokens"]) == (6, 6, 0, 60)
+    assert s["output_tokens_per_s"] == pytest.approx(60 / run.duration_s)
+    assert s["verify_ct"] == 18 and s["histogram_steps"] == 18
+    assert s["acceptance_histogram"] == [0, 6, 6, 6, 0]  # buckets 0..block_size
+    assert s["mean_acceptance_length"] == pytest.approx(60 / 18)
+    assert s["acceptance_per_domain"]["dialogue"] == pytest.approx(10 / 3)
+
+
+def test_metrics_exact_on_constructed_records() -> None:
+    def rec(i, domain, times, toks, verify, hist, ok=True, latency=None):
+        return RequestRecord(id=f"r{i}", domain=domain, ok=ok, error=None if ok else "boom", start_s=0.0,
+                             latency_s=latency if latency is not None else (times[-1] if times else 1.0),
+                             ttft_s=times[0] if times else None, prompt_tokens=5, completion_tokens=sum(toks),
+                             chunk_times_s=tuple(times), chunk_tokens=tuple(toks), verify_ct=verify,
+                             accept_length=sum(toks) / verify if verify else None, histogram=tuple(hist),
+                             finish_reason="length")
+
+    a = rec(0, "math", [0.5, 0.9, 1.5], [1, 2, 3], 2, [0, 1, 1])      # ITL: 0.2, 0.2, 0.2, 0.2, 0.2
+    b = rec(1, "coding", [0.2, 0.6], [1, 4], 1, [0, 0, 0, 1], latency=0.7)  # ITL: 0.1 x4
+    c = rec(2, "coding", [0.3], [1], None, [])                          # ended with the prefill token
+    d = rec(3, "math", [0.1, 0.2], [1, 1], None, [], ok=False)           # failed: excluded everywhere
+    assert itl_values(a) == pytest.approx([0.2] * 5) and itl_values(b) == pytest.approx([0.1] * 4)
+    assert tpot(a) == pytest.approx((1.5 - 0.5) / 5) and tpot(b) == pytest.approx(0.5 / 4) and tpot(c) is None
+    s = summarize_level([a, b, c, d], 2.0, speculative=True, block_size=4)
+    assert (s["completed"], s["errors"], s["output_tokens"]) == (3, 1, 12)
+    assert s["error_messages"] == ["r3: boom"]
+    assert s["output_tokens_per_s"] == pytest.approx(6.0) and s["requests_per_s"] == pytest.approx(1.5)
+    assert s["ttft_p50_s"] == pytest.approx(0.3) and s["ttft_mean_s"] == pytest.approx(1.0 / 3)
+    assert s["ttft_p90_s"] == pytest.approx(0.3 + 0.8 * 0.2)
+    assert s["itl_p50_s"] == pytest.approx(0.2) and s["itl_mean_s"] == pytest.approx(1.4 / 9)
+    assert s["e2e_latency_p50_s"] == pytest.approx(0.7)
+    assert s["verify_ct"] == 3 and s["acceptance_histogram"] == [0, 1, 1, 1, 0] and s["histogram_steps"] == 3
+    assert s["mean_acceptance_length"] == pytest.approx(12 / 3)
+    assert s["acceptance_per_domain"] == {"coding": pytest.approx(6 / 1), "math": pytest.approx(6 / 2)}
+    assert s["spec_stats_missing"] == 0 and s["verify_step_p50_s"] == pytest.approx((0.5 + 0.5) / 2)
+    missing = rec(4, "math", [0.1, 0.3], [1, 2], None, [])
+    assert acceptance([missing])["spec_stats_missing"] == 1
+    assert percentile([], 50) is None and percentile([1.0, 2.0, 3.0, 4.0], 99) == pytest.approx(3.97)
+    assert padded_histogram([[1, 2], [0, 0, 5]]) == [1, 2, 5]
+    plain = summarize_level([b], 1.0, speculative=False)
+    assert "mean_acceptance_length" not in plain and plain["output_tokens_per_s"] == 5.0
+    sp = speedup({"output_tokens_per_s": 6.0, "itl_p50_s": 0.1, "verify_step_p50_s": 0.3},
+                 {"output_tokens_per_s": 4.0, "itl_p50_s": 0.2, "tpot_p50_s": 0.2})
+    assert sp["output_tokens_per_s"] == 1.5 and sp["itl_p50"] == 2.0 and sp["verify_cost_ratio"] == pytest.approx(1.5)
+    assert sp["requests_per_s"] is None
+    with pytest.raises(ValueError):
+        summarize_level([a], 0.0, speculative=True)
+
+
+def test_dropped_connections_and_hangs_are_counted_errors_and_return_promptly() -> None:
+    modes = ("drop", "reset", "hang", "ok")
+    fake = FakeServer(lambda n: modes[n % 4])
+    t0 = time.monotonic()
+    with fake_server(fake) as url:
+        run = run_level(url, prompts(8), 4, RequestParams(max_new_tokens=10), timeout_s=2.0)
+    assert time.monotonic() - t0 < 15, "the level must end promptly (per-request timeout 2 s)"
+    by_mode: Dict[str, List[RequestRecord]] = {}
+    for body in fake.bodies:
+        rec = next(r for r in run.records if list(prompts(8)[int(r.id[1:])].prompt_ids) == body["prompt"])
+        by_mode.setdefault(modes[fake.bodies.index(body) % 4], []).append(rec)
+    assert all(r.ok and r.completion_tokens == 10 for r in by_mode["ok"])
+    assert all(not r.ok for m in ("drop", "reset", "hang") for r in by_mode[m])
+    assert all("timeout after 2 s" in r.error for r in by_mode["hang"])
+    assert all(r.chunk_tokens == (1, 3) for r in by_mode["drop"]), "partial data is kept on a dropped stream"
+    s = summarize_level(run.records, run.duration_s, speculative=True)
+    assert (s["requests"], s["completed"], s["errors"]) == (8, 2, 6) and len(s["error_messages"]) == 6
+    assert s["verify_ct"] == 6 and s["output_tokens"] == 20
+    # A server that is not there at all: connection refused, counted, no exception.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    down = run_level(dead, prompts(3), 2, RequestParams(max_new_tokens=4), timeout_s=5)
+    assert [r.ok for r in down.records] == [False] * 3 and all("ConnectError" in r.error for r in down.records)
+
+
+def test_run_benchmark_on_flaky_fake_servers() -> None:
+    from sglang_specopd.bench.runner import BASE, SPEC, BenchServer, run_benchmark
+
+    spec_fake = FakeServer(lambda n: "drop" if n % 3 == 2 else "ok")  # request 0 is the warm-up
+    base_fake = FakeServer(lambda n: "ok", spec=None)
+    with fake_server(spec_fake) as spec_url, fake_server(base_fake) as base_url:
+        servers = [BenchServer(BASE, base_url), BenchServer(SPEC, spec_url)]
+        res = run_benchmark(servers, prompts(4), [1, 2], RequestParams(max_new_tokens=10), timeout_s=10,
+                            say=lambda m: None)
+        assert [lv["order"] for lv in res["levels"]] == [[SPEC, BASE], [BASE, SPEC]]
+        assert spec_fake.flushes == 2 and base_fake.flushes == 2 and len(spec_fake.bodies) == 9
+        errors = [lv[SPEC]["errors"] for lv in res["levels"]]
+        assert sum(errors) == sum(1 for n in range(1, 9) if n % 3 == 2) == 3
+        for lv in res["levels"]:
+            s, b = lv[SPEC], lv[BASE]
+            assert s["completed"] + s["errors"] == 4 and b["errors"] == 0 and b["completed"] == 4
+            assert s["histogram_steps"] == s["verify_ct"] == 3 * s["completed"]
+            assert lv["speedup"]["output_tokens_per_s"] == pytest.approx(
+                s["output_tokens_per_s"] / b["output_tokens_per_s"])
+            assert len(s["per_request"]) == 4 and "mean_acceptance_length" not in b
+        assert res["block_size"] == 4 and res["servers"][SPEC]["server_info"]["model_path"] == "/fake/target"
+        assert res["acceptance"]["verify_ct"] == 3 * (8 - 3)
+        # Wrong kinds of server are refused with a clear error.
+        with pytest.raises(BenchError, match="runs no drafter"):
+            run_benchmark([BenchServer(SPEC, base_url)], prompts(1), [1], RequestParams(max_new_tokens=4),
+                          say=lambda m: None)
+        with pytest.raises(BenchError, match="baseline server .* runs speculative decoding"):
+            run_benchmark([BenchServer(SPEC, spec_url), BenchServer(BASE, spec_url)], prompts(1), [1],
+                          RequestParams(max_new_tokens=4), say=lambda m: None)
+    with fake_server(FakeServer(lambda n: "reset")) as url:
+        with pytest.raises(BenchError, match="failed the warm-up request 3 times"):
+            run_benchmark([BenchServer(SPEC, url)], prompts(1), [1], RequestParams(max_new_tokens=4),
+                          say=lambda m: None)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Report
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _level(c: int, spec_tps: float, base_tps: float, tau: float, step: float, tpot_s: float) -> dict:
+    spec = {"output_tokens_per_s": spec_tps, "requests_per_s": spec_tps / 50, "ttft_p50_s": 0.5,
+            "itl_p50_s": 0.08, "tpot_p50_s": 0.09, "mean_acceptance_length": tau, "verify_step_p50_s": step,
+            "errors": 0}
+    base = {"output_tokens_per_s": base_tps, "requests_per_s": base_tps / 50, "ttft_p50_s": 0.4,
+            "itl_p50_s": 0.1, "tpot_p50_s": tpot_s, "errors": 1}
+    return {"concurrency": c, "specopd": spec, "baseline": base, "speedup": speedup(spec, base)}
+
+
+def test_report_from_synthetic_results(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from sglang_specopd.bench.report import README_END, README_START, build_report
+
+    results = tmp_path / "results"
+    results.mkdir()
+    conc = {"command": "specopd bench serve --launch cpu-smollm2", "git_commit": "abc123", "machine":
+            {"cpu": "Test CPU", "cores": 2, "gpu": None}, "temperature": 0.0, "max_new_tokens": 64,
+            "prompts": [{"id": "a"}] * 8, "servers": {"specopd": {"drafter": "/d/sft", "drafter_choice": "SFT"}},
+            "acceptance": {"mean_acceptance_length": 1.2, "verify_ct": 100, "acceptance_histogram": [80, 20],
+                           "acceptance_per_domain": {"coding": 1.3, "math": 1.1}},
+            "levels": [_level(1, 10.0, 8.0, 2.0, 0.15, 0.1), _level(4, 12.0, 16.0, 1.2, 0.2, 0.1)]}
+    (results / "concurrency_test_cpu.json").write_text(json.dumps(conc))
+    (results / "sft_smollm2_cpu.json").write_text(json.dumps({"acceptance": {
+        "init": {"T0": {"dialogue": 1.01, "coding": 1.02, "math": 1.03, "agentic": 1.04, "mean": 1.025}},
+        "sft": {"T0": {"dialogue": 1.1, "coding": 1.2, "math": 1.3, "agentic": 1.4}}}}))
+    (results / "tree_scoring_cpu.json").write_text("{not json")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Title\n\nbefore\n{README_START}\nold table\n{README_END}\nafter\n")
+    res = build_report(results, tmp_path / "bench" / "REPORT.md", readme)
+    md = res.markdown.read_text()
+    assert ("| 1 | 10.00 | 8.00 | 1.25x | 0.200 | 0.160 | 0.50 / 0.40 | 80.0 / 100.0 | 90.0 / 100.0 | 2.000 | 1.50 "
+            "| 0 / 1 |") in md
+    assert "| 4 | 12.00 | 16.00 | 0.75x |" in md and "| 4 | 12.00 | 16.00 | 0.75x | 0.240 | 0.320 |" in md
+    assert "Concurrency 1: speculative decoding **wins**, 1.25x" in md and "tau 2.000 above the break-even 1.50" in md
+    assert "Concurrency 4: speculative decoding **loses**, 0.75x" in md and "below the break-even 2.00" in md
+    assert "It wins at concurrency 1 and loses at 4." in md and "grows from 1.50 at concurrency 1 to 2.00 at 4" in md
+    assert "| init | T0 | 1.010 | 1.020 | 1.030 | 1.040 | 1.025 |" in md
+    assert "| sft | T0 | 1.100 | 1.200 | 1.300 | 1.400 | 1.250 |" in md
+    assert "`serve_smollm2_cpu.json`: not present (skipped)" in md and "`tree_scoring_cpu.json`: unreadable" in md
+    assert "Test CPU, 2 cores, no GPU" in md and "`specopd bench serve --launch cpu-smollm2`" in md
+    assert sorted(p.name for p in res.plots) == ["acceptance_per_domain.png", "speedup_vs_concurrency.png",
+                                                 "throughput_vs_concurrency.png"]
+    for p in res.plots:
+        assert p.parent == res.markdown.parent and f"]({p.name})" in md
+        with Image.open(p) as im:
+            assert im.format == "PNG" and im.size[0] > 300
+    text = readme.read_text()
+    assert res.readme_updated and text.startswith("# Title\n\nbefore\n") and text.endswith(f"{README_END}\nafter\n")
+    assert "old table" not in text and "[bench/REPORT.md](bench/REPORT.md)" in text and "| 1 | 10.00 | 8.00 |" in text
+    assert not build_report(results, tmp_path / "bench" / "REPORT.md", readme).readme_updated  # idempotent
+    readme.write_text("# no markers\n")
+    with pytest.raises(ValueError, match="no .* block"):
+        build_report(results, tmp_path / "bench" / "REPORT.md", readme)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# CLI input errors
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--server", "http://x", "--concurrency", "0,2"], "--concurrency: "),
+    (["--server", "http://x", "--concurrency", "1,a"], "comma-separated integers"),
+    (["--server", "http://x", "--concurrency", "2,2"], "distinct"),
+    (["--server", "http://x", "--launch", "cpu-smollm2"], "exactly one of --server"),
+    ([], "exactly one of --server"),
+    (["--server", "http://x", "--launch-baseline"], "--launch-baseline needs --launch"),
+    (["--server", "http://x", "--drafter", "/d"], "--drafter only applies with --launch"),
+    (["--launch", "cpu-smollm2", "--launch-baseline", "--baseline-server", "http://y"], "at most one of"),
+    (["--launch", "/nonexistent/config.yaml"], "server config not found"),
+])
+def test_bench_serve_bad_input_exits_2_with_one_error_line(args, needle) -> None:
+    from typer.testing import CliRunner
+
+    from sglang_specopd.cli import _register_subcommands, app
+
+    _register_subcommands()
+    res = CliRunner().invoke(app, ["bench", "serve", *args])
+    assert res.exit_code == 2, res.output
+    assert needle in res.output and "Traceback" not in res.output
+
+
+def test_bench_serve_unreachable_server_exits_1_and_report_bad_dir(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from sglang_specopd.cli import _register_subcommands, app
+
+    _register_subcommands()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    t0 = time.monotonic()
+    res = CliRunner().invoke(app, ["bench", "serve", "--server", dead, "--out", str(tmp_path / "r.json")])
+    assert res.exit_code == 1 and "error:" in res.output and dead in res.output, res.output
+    assert time.monotonic() - t0 < 60 and not (tmp_path / "r.json").exists()
+    res = CliRunner().invoke(app, ["bench", "report", "--results", str(tmp_path / "nope")])
+    assert res.exit_code == 2 and "is not a directory" in res.output
+
+
+def test_bench_serve_cli_end_to_end_on_fake_servers(tiny_target: Path, tmp_path: Path, monkeypatch) -> None:
+    """The CLI glue: held-out prompts (eval split), both servers, the result file with the shared header."""
+    from typer.testing import CliRunner
+
+    from sglang_specopd.cli import _register_subcommands, app
+    from specopd_trainer.evaluate import eval_records
+
+    _register_subcommands()
+    out = tmp_path / "concurrency_fake.json"
+    spec_fake, base_fake = FakeServer(lambda n: "ok"), FakeServer(lambda n: "ok", spec=None)
+    with fake_server(spec_fake) as spec_url, fake_server(base_fake) as base_url:
+        args = ["bench", "serve", "--server", spec_url, "--baseline-server", base_url, "--tokenizer",
+                str(tiny_target), "--domains", "math,coding", "--limit", "2", "--concurrency", "2,1",
+                "--max-new-tokens", "10", "--out", str(out)]
+        monkeypatch.setattr("sys.argv", ["/some/venv/bin/specopd", *args])  # what the console script sees
+        res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data["command"] == "specopd " + " ".join(args) and data["git_commit"] and data["machine"]["cores"] >= 1
+    assert data["versions"]["sglang"] == "0.5.23" and data["domains"] == ["math", "coding"]
+    held = [str(r["id"]) for d in ("math", "coding") for r in eval_records(d, 2)]
+    assert [p["id"] for p in data["prompts"]] == held
+    assert [lv["concurrency"] for lv in data["levels"]] == [2, 1] and len(spec_fake.bodies) == 1 + 2 * 4
+    for lv in data["levels"]:
+        assert lv["specopd"]["completed"] == lv["baseline"]["completed"] == 4
+        assert lv["specopd"]["mean_acceptance_length"] == pytest.approx(10 / 3)
+        assert lv["specopd"]["acceptance_histogram"] == [0, 4, 4, 4, 0]
+        assert set(lv["speedup"]) >= {"output_tokens_per_s", "verify_cost_ratio"}
+    assert data["servers"]["specopd"]["url"] == spec_url and data["servers"]["baseline"]["launched"] is False
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Live: tiny SPECOPD + plain servers launched by the benchmark itself
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.server
+def test_launched_tiny_servers_record_consistent_spec_stats(tiny_serving_target: Path, tiny_drafter: Path,
+                                                            tiny_target: Path, tmp_path: Path, monkeypatch) -> None:
+    import yaml
+    from transformers import AutoTokenizer
+
+    from conftest import TEST_TAG_ENV, TINY_BLOCK_SIZE, assert_no_orphans, new_process_tag
+    from sglang_specopd.bench.runner import BASE, SPEC, launched_servers, load_prompts, run_benchmark
+    from sglang_specopd.results import write_result
+
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "name": "tiny-bench", "target": str(tiny_serving_target), "drafter": str(tiny_drafter),
+        "speculative_algorithm": "SPECOPD", "block_size": TINY_BLOCK_SIZE, "device": "cpu", "dtype": "float32",
+        "attention_backend": "torch_native", "max_total_tokens": 4096, "disable_cuda_graph": True,
+        "disable_overlap_schedule": True, "sleep_on_idle": True}))
+    tag = new_process_tag()
+    monkeypatch.setenv(TEST_TAG_ENV, tag)
+    texts = ("Return the sum of the arguments.", "def add(a, b):", "What is 17 times 3?", "Call the tool.")
+    records = {d: [{"id": f"{d}-{i}", "messages": [{"role": "user", "content": f"{texts[k]} ({i})"}]}
+                   for i in range(2)] for k, d in enumerate(("dialogue", "coding", "math", "agentic"))}
+    tok = AutoTokenizer.from_pretrained(str(tiny_target))
+    bench_prompts, skipped = load_prompts(tok, list(records), 2, records=records)
+    assert len(bench_prompts) == 8 and sum(skipped.values()) == 0
+    params = RequestParams(max_new_tokens=24, temperature=0.0, ignore_eos=True)
+    with launched_servers(str(cfg), baseline=True, log_dir=tmp_path, say=lambda m: None) as (servers, target):
+        assert target == tiny_serving_target and [s.role for s in servers] == [SPEC, BASE]
+        ports = [int(s.url.rsplit(":", 1)[1]) for s in servers]
+        res = run_benchmark(servers, bench_prompts, [1, 4], params, timeout_s=120, say=lambda m: None)
+    for port in ports:
+        assert_no_orphans(port=port)
+    assert_no_orphans(tag=tag)
+    assert res["block_size"] == TINY_BLOCK_SIZE and res["servers"][SPEC]["drafter"] == str(tiny_drafter)
+    accepted_any = False
+    for lv in res["levels"]:
+        s, b = lv[SPEC], lv[BASE]
+        assert s["errors"] == b["errors"] == 0 and s["completed"] == b["completed"] == 8
+        assert s["output_tokens"] == b["output_tokens"] == 8 * 24
+        rows = s["per_request"]
+        for r in rows:
+            assert sum(r["chunk_tokens"]) == r["completion_tokens"] == 24
+            assert sum(r["histogram"]) == r["verify_ct"] > 0, "SGLang's histogram sums to the verify count"
+            assert r["accept_length"] == pytest.approx(r["completion_tokens"] / r["verify_ct"])
+            accepted_any |= sum(r["histogram"][1:]) > 0
+        assert s["histogram_steps"] == s["verify_ct"] == sum(r["verify_ct"] for r in rows)
+        assert len(s["acceptance_histogram"]) == TINY_BLOCK_SIZE + 1
+        assert s["mean_acceptance_length"] == pytest.approx(
+            sum(r["completion_tokens"] for r in rows) / sum(r["verify_ct"] for r in rows))
+        assert all(r["verify_ct"] is None for r in b["per_request"])
+        assert all(sum(r["chunk_tokens"]) == r["completion_tokens"] == 24 for r in b["per_request"])
+        assert lv["speedup"]["output_tokens_per_s"] > 0
+    assert accepted_any, "the accepting tiny target makes some verify steps accept drafts"
+    path = write_result(tmp_path / "concurrency_tiny.json", res, command="test")
+    back = json.loads(path.read_text())
+    assert back["levels"][0][SPEC]["per_request"][0]["histogram"] == list(
+        res["levels"][0][SPEC]["per_request"][0]["histogram"]) and back["machine"]["cores"] >= 1
