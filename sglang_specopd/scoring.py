@@ -7,9 +7,11 @@ is answered by masked attention over the row's own q/k/v (:func:`tree_attention_
 neither read nor written and serving state is untouched. The target's final norm and LM head are the served
 ones, so each node's scores equal those of scoring ``prefix + that branch`` as its own sequence.
 
-Masked attention: ``torch.nn.functional.scaled_dot_product_attention`` with a boolean mask (math path on CPU,
-memory-efficient kernels on GPU); the FlashInfer packed custom mask (``specopd_kernels.tree.flashinfer_custom_mask``)
-is the planned GPU fast path (not yet wired: FlashInfer is not available on the CPU machines).
+Tree attention: :func:`specopd_kernels.tree.tree_attention_grouped` (plain torch, exact): causal attention over
+the prefix plus, per anchor tree, one joint softmax over the prefix up to the anchor and the tree's own
+ancestors, so the cost is O(P^2 + N P + sum n_tree^2) instead of the dense O((P + N)^2) of a [T, T] mask.
+The FlashInfer packed custom mask (``specopd_kernels.tree.flashinfer_custom_mask``) is the planned GPU fast path
+(not yet wired: FlashInfer is not available on the CPU machines).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 from sglang_specopd.control import op
 from sglang_specopd.protocol import ScoreTreesError, ScoreTreesRequest, encode_tensors, validate_request
 
-_TREE_MASK: contextvars.ContextVar = contextvars.ContextVar("specopd_tree_mask", default=None)
+_TREE_LAYOUT: contextvars.ContextVar = contextvars.ContextVar("specopd_tree_layout", default=None)
 
 
 class _TreeForwardBatch:
@@ -44,30 +46,29 @@ class _TreeForwardBatch:
 
 
 def tree_attention_override(original_fn, self, q, k, v, forward_batch, *args, **kwargs):
-    """AROUND hook for ``RadixAttention.forward``: masked attention over the packed row during a tree forward."""
-    mask = _TREE_MASK.get()
-    if mask is None or not isinstance(forward_batch, _TreeForwardBatch):
+    """AROUND hook for ``RadixAttention.forward``: tree attention over the packed row during a tree forward."""
+    from specopd_kernels.tree import tree_attention_grouped
+
+    layout = _TREE_LAYOUT.get()
+    if layout is None or not isinstance(forward_batch, _TreeForwardBatch):
         return original_fn(self, q, k, v, forward_batch, *args, **kwargs)
     T = q.shape[0]
-    qh = q.view(T, self.tp_q_head_num, self.qk_head_dim).transpose(0, 1)
-    kh = k.view(T, self.tp_k_head_num, self.qk_head_dim).transpose(0, 1)
-    vh = v.view(T, self.tp_v_head_num, self.v_head_dim).transpose(0, 1)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        qh.unsqueeze(0), kh.unsqueeze(0).to(qh.dtype), vh.unsqueeze(0).to(qh.dtype), attn_mask=mask,
-        scale=self.scaling, enable_gqa=self.tp_q_head_num != self.tp_k_head_num)
-    return out.squeeze(0).transpose(0, 1).reshape(T, self.tp_q_head_num * self.v_head_dim)
+    out = tree_attention_grouped(q.view(T, self.tp_q_head_num, self.qk_head_dim),
+                                 k.view(T, self.tp_k_head_num, self.qk_head_dim).to(q.dtype),
+                                 v.view(T, self.tp_v_head_num, self.v_head_dim).to(q.dtype), layout, scale=self.scaling)
+    return out.reshape(T, self.tp_q_head_num * self.v_head_dim)
 
 
 def _target_model(scheduler):
     return scheduler.tp_worker.model_runner.model
 
 
-def tree_forward(model, input_ids, positions, mask, capture_layer_ids=()) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+def tree_forward(model, input_ids, positions, layout, capture_layer_ids=()) -> Tuple[torch.Tensor, List[torch.Tensor]]:
     """Run the served target on one packed row.
 
     Args:
         model: SGLang causal LM (``.model`` is the layer stack with ``layers_to_capture``).
-        input_ids: int64 [T]; positions: int64 [T]; mask: bool [T, T] (True = may attend).
+        input_ids: int64 [T]; positions: int64 [T]; layout: :class:`specopd_kernels.tree.TreeLayout` of the row.
         capture_layer_ids: DFlash-convention layer ids whose features to return (captured as the input of layer
             id + 1, exactly as SGLang captures them for DFLASH).
     Returns:
@@ -77,12 +78,12 @@ def tree_forward(model, input_ids, positions, mask, capture_layer_ids=()) -> Tup
     saved = list(inner.layers_to_capture)
     inner.layers_to_capture = [i + 1 for i in capture_layer_ids]
     fb = _TreeForwardBatch(int(input_ids.shape[0]), input_ids.device)
-    token = _TREE_MASK.set(mask)
+    token = _TREE_LAYOUT.set(layout)
     try:
         with torch.inference_mode():
             out = inner(input_ids, positions, fb)
     finally:
-        _TREE_MASK.reset(token)
+        _TREE_LAYOUT.reset(token)
         inner.layers_to_capture = saved
     if isinstance(out, tuple):
         hidden, aux = out
@@ -112,7 +113,7 @@ def _max_position(ref) -> int:
 @op("score_trees")
 def score_trees_op(scheduler, payload: bytes):
     """Scheduler op: JSON :class:`ScoreTreesRequest` bytes in, safetensors bytes out (see routes for the layout)."""
-    from specopd_kernels.tree import pack_proposal_tree
+    from specopd_kernels.tree import build_tree_layout, pack_proposal_tree
 
     req = ScoreTreesRequest.model_validate_json(payload)
     model = _target_model(scheduler)
@@ -141,14 +142,14 @@ def score_trees_op(scheduler, payload: bytes):
         prefix = torch.tensor(ref.input_ids, dtype=torch.long)
         if anchors:
             packed = pack_proposal_tree(prefix, anchors, node_tokens, node_parents, block_size=req.block_size)
-            ids, pos, mask = packed.input_ids, packed.positions, packed.mask()
+            ids, pos = packed.input_ids, packed.positions
             node_anchor = packed.node_anchor
         else:
             ids, pos = prefix, torch.arange(len(prefix))
-            mask = torch.ones(len(prefix), len(prefix), dtype=torch.bool).tril()
             node_anchor = torch.empty(0, dtype=torch.long)
         P = len(ref.input_ids)
-        hidden, feats = tree_forward(model, ids.to(device), pos.to(device), mask.to(device), req.feature_layer_ids)
+        layout = build_tree_layout(P, anchors, node_parents).to(device)
+        hidden, feats = tree_forward(model, ids.to(device), pos.to(device), layout, req.feature_layer_ids)
         rows = torch.cat([torch.tensor(anchors, dtype=torch.long), torch.arange(P, ids.shape[0])]).to(device)
         h = hidden.index_select(0, rows)
         p = f"ref{i}."

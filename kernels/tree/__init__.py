@@ -2,6 +2,7 @@
 
 from .attention import tree_attention_reference
 from .batch import PackedTrees, pack_trees_varlen
+from .grouped import TreeLayout, build_tree_layout, tree_attention_grouped
 from .naive import (
     ProposalTree,
     branches_to_parents,

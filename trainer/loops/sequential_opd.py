@@ -10,8 +10,9 @@ SpecOPD. Supervision arrives one verify step at a time, sequentially, which is w
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -40,7 +41,7 @@ def collect_rollouts(client, prompts: List[List[int]], *, max_new_tokens: int, t
 
 
 def rollout_step(drafter, client, rollouts: List[Rollout], layer_ids: List[int], loss_name: str = "e2e_tv",
-                 max_records: int = 32) -> Tuple[torch.Tensor, Dict]:
+                 max_records: Optional[int] = None, head_dtype: str = "bfloat16") -> Tuple[torch.Tensor, Dict]:
     """E2E-TV on the recorded blocks of ``rollouts`` (score + features in one call); returns (loss, metrics)."""
     from sglang_specopd.protocol import ScoreTreesRequest
     from specopd_trainer.loops.specopd import specopd_loss, target_logits_for_branches
@@ -49,7 +50,7 @@ def rollout_step(drafter, client, rollouts: List[Rollout], layer_ids: List[int],
     g = B - 1
     refs, kept = [], []
     for r in rollouts:
-        recs = [x for x in r.records if x["anchor"] < len(r.token_ids)][:max_records]
+        recs = [x for x in r.records if x["anchor"] < len(r.token_ids)][:max_records]  # None = all
         if not recs:
             continue
         trees = [{"anchor": x["anchor"], "branches": [x["proposed"][: g - 1]]} for x in recs]
@@ -57,17 +58,20 @@ def rollout_step(drafter, client, rollouts: List[Rollout], layer_ids: List[int],
         kept.append((r, recs))
     if not refs:
         raise ValueError("no verify records in these rollouts (is the server speculative?)")
+    t0 = time.monotonic()
     scored = client.score_trees(ScoreTreesRequest(references=refs, block_size=B, returns=["hidden"],
                                                   feature_layer_ids=list(layer_ids), output_dtype="float32"))
+    t1 = time.monotonic()
     head = drafter._head()
     total, n, taus = 0.0, 0, []
     for (r, recs), sc in zip(kept, scored):
         anchors = torch.tensor([x["anchor"] for x in recs], dtype=torch.long)
         tokens = torch.tensor(r.token_ids, dtype=torch.long)
         logits, _ = drafter.logits(sc.features.float(), tokens, anchors)
-        p = target_logits_for_branches(head, sc, len(recs), 1, g)
+        p = target_logits_for_branches(head, sc, len(recs), 1, g, head_dtype)
         loss, m = specopd_loss(logits[:, 1:], p, loss_name)
         total = total + loss * len(recs)
         n += len(recs)
         taus.append(m["est_tau"])
-    return total / n, {"est_tau": sum(taus) / len(taus), "supervised_tokens": n * g, "records": n}
+    return total / n, {"est_tau": sum(taus) / len(taus), "supervised_tokens": n * g, "records": n,
+                       "score_s": t1 - t0, "loss_s": time.monotonic() - t1}

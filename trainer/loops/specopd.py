@@ -6,19 +6,21 @@ One step (SpecOPD paper; formulas in the shared algorithm notes):
    parallel, so slot i's distribution does not depend on the sampled tokens of slots < i);
 2. K branches per anchor sampled from q at ``temperature`` (no gradient), the drafter's own proposals;
 3. ONE ``/specopd/score_trees`` call for the whole step: every branch of every anchor packed into proposal trees
-   sharing the reference prefix; the target's final hidden states come back and the trainer applies the frozen
+   sharing the reference prefix, branches that share leading tokens sharing tree nodes (a trie per anchor); the target's final hidden states come back and the trainer applies the frozen
    target LM head, giving p_1 (anchor row) and p_{i+1} (row of branch token i) on the branch's own history;
 4. loss E2E-TV: L = 1 - (1/G) sum_j prod_{i<=j} alpha_i, alpha_i = sum_v min(p_i(v), q_i(v)), per branch, mean.
 Only the first G-1 sampled tokens of a branch are scored (the last token's row would predict beyond the block).
-No sequential draft-and-verify rollout is needed. Other losses of the registry (tv, fkl) can replace E2E-TV.
+No sequential draft-and-verify rollout is needed. Other losses with a tree form (tv, fkl, rkl, e2e_tv_fused; see
+:data:`specopd_kernels.losses.TREE_LOSSES`) can replace E2E-TV.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+import time
+from typing import Dict, List, Literal, Tuple
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class SpecOPDConfig(BaseModel):
@@ -41,6 +43,17 @@ class SpecOPDConfig(BaseModel):
     log_every: int = Field(default=5, ge=1)
     ckpt_every: int = Field(default=25, ge=1)
     push_every: int = Field(default=0, ge=0, description="hot-swap into the server every N steps (0 = only at end)")
+    head_dtype: Literal["float32", "bfloat16"] = Field(
+        default="bfloat16", description="dtype of the frozen target LM-head matmul giving p (SGLang serves bf16)")
+
+    @field_validator("loss")
+    @classmethod
+    def _known_loss(cls, v: str) -> str:
+        from specopd_kernels.losses import TREE_LOSSES
+
+        if v not in TREE_LOSSES:
+            raise ValueError(f"unknown SpecOPD loss {v!r}; valid: {', '.join(TREE_LOSSES)}")
+        return v
 
 
 def sample_branches(draft_logits: torch.Tensor, k: int, temperature: float, gen: torch.Generator) -> torch.Tensor:
@@ -63,7 +76,8 @@ def build_request(seqs, anchors_list, branches_list, block_size: int):
     return ScoreTreesRequest(references=refs, block_size=block_size, returns=["hidden"], output_dtype="float32")
 
 
-def target_logits_for_branches(head, scored, n_anchors: int, k: int, g: int) -> torch.Tensor:
+def target_logits_for_branches(head, scored, n_anchors: int, k: int, g: int,
+                               head_dtype: str = "float32") -> torch.Tensor:
     """Target logits ``[n_anchors, k, G, V]`` from one scored reference (rows: anchors, then nodes in order).
 
     Node order in the request: anchor j, branch b, depth m -> node index (j*k + b)*(G-1) + m. Slot 1 uses the
@@ -73,7 +87,26 @@ def target_logits_for_branches(head, scored, n_anchors: int, k: int, g: int) -> 
     anchor_rows = h[:n_anchors]  # [A, H]
     nodes = h[n_anchors:].view(n_anchors, k, g - 1, -1)  # [A, K, G-1, H]
     rows = torch.cat([anchor_rows[:, None, None, :].expand(-1, k, 1, -1), nodes], dim=2)  # [A, K, G, H]
-    return head.logits(rows)
+    return target_head_logits(head, rows, head_dtype)
+
+
+_HEAD_CACHE: Dict[tuple, torch.Tensor] = {}
+
+
+def target_head_logits(head, hidden: torch.Tensor, dtype: str = "float32") -> torch.Tensor:
+    """Target logits fp32 ``[..., V]`` from final hidden states ``[..., H]``, the matmul in ``dtype``.
+
+    bfloat16 keeps a cached bf16 copy of the frozen head (AMX / tensor cores; the served target computes its
+    logits in bf16 too); float32 is :meth:`TargetHead.logits` exactly.
+    """
+    if dtype == "float32":
+        return head.logits(hidden.float()).float()
+    w = head.lm_head
+    key = (w.data_ptr(), w.device, dtype)
+    if key not in _HEAD_CACHE:
+        _HEAD_CACHE.clear()
+        _HEAD_CACHE[key] = w.to(torch.bfloat16)
+    return (hidden.to(torch.bfloat16) @ _HEAD_CACHE[key].T).float()
 
 
 def specopd_loss(draft_logits: torch.Tensor, target_logits: torch.Tensor, loss: str = "e2e_tv"):
@@ -93,34 +126,70 @@ def specopd_loss(draft_logits: torch.Tensor, target_logits: torch.Tensor, loss: 
     return value, {"alpha": alpha.mean(0).tolist(), "est_tau": float(tau.mean())}
 
 
+def build_tree_request(seqs, anchors_list, packed_list, block_size: int):
+    """The score_trees request of one step: per sequence its anchors, each with its trie of branch tokens."""
+    from sglang_specopd.protocol import ScoreTreesRequest
+
+    refs = []
+    for s, anchors, packed in zip(seqs, anchors_list, packed_list):
+        trees = [{"anchor": int(a), "tokens": packed.tokens[j], "parents": packed.parents[j]}
+                 for j, a in enumerate(anchors.tolist())]
+        refs.append({"input_ids": s.token_ids.tolist(), "trees": trees})
+    return ScoreTreesRequest(references=refs, block_size=block_size, returns=["hidden"], output_dtype="float32")
+
+
 def specopd_step(drafter, client, seqs: List, cfg: SpecOPDConfig, gen: torch.Generator) -> Tuple[torch.Tensor, Dict]:
-    """Forward + sample + score + loss for one step (no optimiser); returns (loss, metrics)."""
+    """Forward + sample + score + loss for one step (no optimiser); returns (loss, metrics).
+
+    Branches are trie-packed per anchor (:mod:`.branch_tree`): shared branch prefixes are scored once and the
+    loss runs once per distinct row (:func:`specopd_kernels.losses.tree_loss`, equal to the loss on the
+    expanded branches). Metrics: ``supervised_tokens`` = anchors x branches x G (branch tokens the loss
+    trains on), ``scored_rows`` = distinct target rows behind them (anchor rows + tree nodes), ``alpha`` per
+    slot (mean over branches), ``est_tau`` = 1 + E[A] from those alphas, wall seconds ``draft_s`` (drafter
+    forward + sampling + packing), ``score_s`` (the server call), ``loss_s`` (target head + loss forward).
+    """
+    from specopd_kernels.losses import expected_acceptance_length, tree_alpha, tree_loss
+    from specopd_trainer.loops.branch_tree import pack_branches
     from specopd_trainer.loops.common import sample_anchors
 
     B = drafter.block_size
     g = B - 1
-    per_seq, anchors_list, branches_list = [], [], []
+    per_seq = []
+    t0 = time.monotonic()
     for s in seqs:
         anchors = sample_anchors(s.prompt_len, len(s.token_ids), cfg.anchors_per_seq, gen)
         if anchors.numel() == 0:
             continue
         logits, _ = drafter.logits(s.features.float(), s.token_ids, anchors)  # [A, B, V]
         q = logits[:, 1:]  # slots 1..G
-        per_seq.append((s, anchors, q))
-        anchors_list.append(anchors)
-        branches_list.append(sample_branches(q, cfg.branches, cfg.temperature, gen))
-    req = build_request([p[0] for p in per_seq], anchors_list, branches_list, B)
-    scored = client.score_trees(req)
-    total, alphas, taus, n = 0.0, [], [], 0
+        packed = pack_branches(sample_branches(q, cfg.branches, cfg.temperature, gen), g - 1)
+        per_seq.append((s, anchors, q, packed))
+    if not per_seq:
+        raise ValueError("no sequence of this step has a response position to anchor at")
+    t1 = time.monotonic()
+    scored = client.score_trees(build_tree_request([x[0] for x in per_seq], [x[1] for x in per_seq],
+                                                   [x[3] for x in per_seq], B))
+    t2 = time.monotonic()
+    total, alphas, taus, n, rows = 0.0, [], [], 0, 0
     head = drafter._head()
-    for (s, anchors, q), sc in zip(per_seq, scored):
-        p = target_logits_for_branches(head, sc, len(anchors), cfg.branches, g)
-        loss, m = specopd_loss(q, p, cfg.loss)
+    for (s, anchors, q, packed), sc in zip(per_seq, scored):
+        with torch.no_grad():
+            p_rows = target_head_logits(head, sc.hidden, cfg.head_dtype)  # [A + nodes, V] fp32
+        if p_rows.shape[0] != packed.row_anchor.numel():
+            raise RuntimeError(f"score_trees returned {p_rows.shape[0]} rows, expected {packed.row_anchor.numel()}")
+        q_flat = q.reshape(-1, q.shape[-1])  # [A*G, V], one row per (anchor, slot); gradient flows to q
+        row_draft = packed.row_anchor * g + packed.row_slot
+        loss = tree_loss(cfg.loss, p_rows, q_flat, row_draft, packed.row_index)
+        with torch.no_grad():
+            alpha = tree_alpha(p_rows, q_flat.detach(), row_draft, packed.row_index)  # [A*K, G]
+            _, tau = expected_acceptance_length(alpha)
         total = total + loss * len(anchors)
         n += len(anchors)
-        alphas.append(m["alpha"])
-        taus.append(m["est_tau"])
-    loss = total / max(1, n)
-    metrics = {"alpha": [sum(col) / len(col) for col in zip(*alphas)], "est_tau": sum(taus) / len(taus),
-               "supervised_tokens": n * cfg.branches * g}
+        rows += p_rows.shape[0]
+        alphas.append(alpha.mean(0))
+        taus.append(float(tau.mean()))
+    loss = total / n
+    metrics = {"alpha": torch.stack(alphas).mean(0).tolist(), "est_tau": sum(taus) / len(taus),
+               "supervised_tokens": n * cfg.branches * g, "scored_rows": rows,
+               "draft_s": t1 - t0, "score_s": t2 - t1, "loss_s": time.monotonic() - t2}
     return loss, metrics

@@ -1,0 +1,92 @@
+"""Losses over a proposal tree: each distinct scored row once, branches gathered by index.
+
+SpecOPD samples K branches per anchor from the drafter. Branches that share their first tokens share tree
+nodes (a trie), so the target scores every distinct (prefix, slot) once. Every per-slot quantity of the
+losses below depends only on the row (the target's distribution p at that prefix) and the slot (the drafter's
+distribution q for that slot at that anchor: DFlash drafts all slots in parallel, so q does not depend on the
+sampled history). So the loss is computed on the R distinct rows and gathered to the N branches x G slots:
+
+    alpha_r = sum_v min(p_r(v), q_{d(r)}(v))                  (R rows; q softmaxed once per draft row d)
+    alpha[n, i] = alpha_{row_index[n, i]}                      (N branches, G slots)
+    E2E-TV  = mean_n [1 - (1/G) sum_j prod_{i<=j} alpha[n, i]]  (SpecOPD)
+
+which equals :func:`specopd_kernels.losses.naive.e2e_tv_loss` on the expanded ``[N, G, V]`` tensors, value
+and gradient (a row used by m branches receives m times the gradient), at R/(N*G) of the softmax/min cost.
+Per-token losses (tv, fkl, rkl) are the mean over the N*G (branch, slot) pairs, i.e. a multiplicity-weighted
+mean over rows.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+import torch
+
+from .naive import e2e_tv_from_alpha, forward_kl, reverse_kl, tv_loss
+
+__all__ = ["TREE_LOSSES", "tree_loss", "tree_alpha"]
+
+
+_PER_TOKEN: Dict[str, Callable] = {"tv": tv_loss, "fkl": forward_kl, "rkl": reverse_kl}
+TREE_LOSSES = ("e2e_tv", "e2e_tv_fused", *_PER_TOKEN)
+
+
+def _check_index(index: torch.Tensor, bound: int, dims: int, name: str) -> None:
+    if index.dim() != dims or index.dtype != torch.int64:
+        raise ValueError(f"{name} must be int64 with {dims} dims, got {index.dtype} {tuple(index.shape)}")
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= bound):
+        raise ValueError(f"{name} entries must lie in [0, {bound}), got [{int(index.min())}, {int(index.max())}]")
+
+
+def _check(target_rows, draft_logits, row_draft, row_index) -> None:
+    for nm, x in (("target_rows", target_rows), ("draft_logits", draft_logits)):
+        if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point or x.dim() != 2:
+            raise ValueError(f"{nm} must be a floating [rows, V] tensor, got "
+                             f"{getattr(x, 'dtype', type(x))} {tuple(getattr(x, 'shape', ()))}")
+    if target_rows.shape[1] != draft_logits.shape[1]:
+        raise ValueError(f"vocabulary mismatch: target {target_rows.shape[1]} vs draft {draft_logits.shape[1]}")
+    _check_index(row_draft, draft_logits.shape[0], 1, "row_draft")
+    if row_draft.numel() != target_rows.shape[0]:
+        raise ValueError(f"row_draft has {row_draft.numel()} entries for {target_rows.shape[0]} target rows")
+    _check_index(row_index, target_rows.shape[0], 2, "row_index")
+
+
+def tree_alpha(target_rows: torch.Tensor, draft_logits: torch.Tensor, row_draft: torch.Tensor,
+               row_index: torch.Tensor, name: str = "e2e_tv") -> torch.Tensor:
+    """Per-(branch, slot) acceptance probability alpha, fp32 ``[N, G]``, computed once per distinct row.
+
+    target_rows: ``[R, V]`` target logits, one per distinct tree row. draft_logits: ``[Q, V]`` drafter logits,
+    one per distinct (anchor, slot) (DFlash: q does not depend on the sampled history). row_draft: int64 ``[R]``,
+    the draft row each target row is compared with. row_index: int64 ``[N, G]`` into the R rows. The draft
+    softmax runs once per Q row (gathered by ``row_draft``). ``name`` ``e2e_tv_fused`` uses the Triton kernel
+    (CUDA, or TRITON_INTERPRET=1) on the gathered rows. Raises ValueError on bad shapes or indices.
+    """
+    _check(target_rows, draft_logits, row_draft, row_index)
+    if name == "e2e_tv_fused":
+        from .fused import fused_acceptance_alpha
+
+        alpha_rows = fused_acceptance_alpha(target_rows, draft_logits[row_draft])
+    else:
+        p = torch.softmax(target_rows.float(), dim=-1)
+        q = torch.softmax(draft_logits.float(), dim=-1)[row_draft]
+        alpha_rows = torch.minimum(p, q).sum(dim=-1)  # [R]
+    return alpha_rows[row_index]
+
+
+def tree_loss(name: str, target_rows: torch.Tensor, draft_logits: torch.Tensor, row_draft: torch.Tensor,
+              row_index: torch.Tensor) -> torch.Tensor:
+    """Loss ``name`` (one of :data:`TREE_LOSSES`) over N branches x G slots given by ``row_index`` into R rows.
+
+    Arguments as in :func:`tree_alpha`. Returns an fp32 scalar equal to the registry loss on the expanded
+    ``[N, G, V]`` tensors (mean reduction), value and gradient w.r.t. ``draft_logits``. Raises KeyError for a
+    name without a tree form (e.g. ``ce_decay``, ``draft_opd``), ValueError on bad shapes or indices.
+    Source: SpecOPD E2E-TV; per-token forms as in the loss registry.
+    """
+    if name not in TREE_LOSSES:
+        raise KeyError(f"loss {name!r} has no proposal-tree form; valid names: {', '.join(TREE_LOSSES)}")
+    if name in ("e2e_tv", "e2e_tv_fused"):
+        return e2e_tv_from_alpha(tree_alpha(target_rows, draft_logits, row_draft, row_index, name))
+    _check(target_rows, draft_logits, row_draft, row_index)
+    per_row = _PER_TOKEN[name](target_rows, draft_logits[row_draft], reduction="none")  # [R]
+    mult = torch.bincount(row_index.reshape(-1), minlength=target_rows.shape[0]).to(per_row.dtype)
+    return (per_row * mult).sum() / mult.sum().clamp(min=1)

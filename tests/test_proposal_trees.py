@@ -1,0 +1,128 @@
+"""Trie packing of sampled branches, grouped tree attention and the proposal-tree losses (SpecOPD step pieces)."""
+
+import random
+
+import pytest
+import torch
+
+from specopd_kernels.losses import get_loss, tree_alpha, tree_loss
+from specopd_kernels.tree import build_tree_layout, build_tree_mask, tree_attention_grouped, tree_attention_reference
+from specopd_trainer.loops.branch_tree import pack_branches
+
+
+def test_pack_branches_hand_case():
+    # one anchor, 3 branches of G=3 tokens; the first 2 tokens are scored
+    br = torch.tensor([[[1, 2, 3], [1, 2, 4], [5, 2, 3]]])
+    pk = pack_branches(br, scored_depth=2)
+    assert pk.tokens == [[1, 2, 5, 2]]
+    assert pk.parents == [[-1, 0, -1, 2]]
+    # rows: anchor row 0, then nodes 1..4 (offset 1)
+    assert pk.row_index.tolist() == [[0, 1, 2], [0, 1, 2], [0, 3, 4]]
+    assert pk.row_anchor.tolist() == [0, 0, 0, 0, 0]
+    assert pk.row_slot.tolist() == [0, 1, 2, 1, 2]
+    assert pk.num_nodes == 4
+
+
+def test_pack_branches_two_anchors_offsets():
+    br = torch.tensor([[[7, 8], [7, 9]], [[7, 8], [7, 8]]])
+    pk = pack_branches(br, scored_depth=1)
+    assert pk.tokens == [[7], [7]]
+    assert pk.row_index.tolist() == [[0, 2], [0, 2], [1, 3], [1, 3]]
+    assert pk.row_anchor.tolist() == [0, 1, 0, 1]
+    with pytest.raises(ValueError, match="scored_depth"):
+        pack_branches(br, scored_depth=3)
+    with pytest.raises(ValueError, match=r"\[A, K, G\]"):
+        pack_branches(br[0], scored_depth=1)
+
+
+def _random_trees(rng, prefix_len):
+    anchors, parents = [], []
+    for _ in range(rng.randint(0, 4)):
+        n = rng.randint(0, 6)
+        anchors.append(rng.randrange(prefix_len))
+        parents.append([-1 if i == 0 or rng.random() < 0.3 else rng.randrange(i) for i in range(n)])
+    return anchors, parents
+
+
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (6, 2), (9, 3)])
+@pytest.mark.parametrize("seed", range(6))
+def test_grouped_tree_attention_matches_dense_mask(seed, hq, hkv):
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    p = rng.randint(1, 14)
+    anchors, parents = _random_trees(rng, p)
+    layout = build_tree_layout(p, anchors, parents)
+    offsets = [0]
+    for ps in parents:
+        offsets.append(offsets[-1] + len(ps))
+    node_anchor = torch.tensor([a for a, ps in zip(anchors, parents) for _ in ps], dtype=torch.long)
+    node_parent = torch.tensor([-1 if x == -1 else x + offsets[g] for g, ps in enumerate(parents) for x in ps],
+                               dtype=torch.long)
+    mask = build_tree_mask(p, node_anchor, node_parent)
+    t = p + node_anchor.numel()
+    q = torch.randn(t, hq, 8, requires_grad=True)
+    k = torch.randn(t, hkv, 8, requires_grad=True)
+    v = torch.randn(t, hkv, 8, requires_grad=True)
+    out = tree_attention_grouped(q, k, v, layout)
+    ref = tree_attention_reference(q, k, v, mask)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    w = torch.randn_like(out)
+    g_out = torch.autograd.grad((out * w).sum(), (q, k, v))
+    g_ref = torch.autograd.grad((ref * w).sum(), (q, k, v))
+    for a, b in zip(g_out, g_ref):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_grouped_tree_attention_rejects_wrong_row_length():
+    layout = build_tree_layout(4, [1], [[-1, 0]])
+    q = torch.randn(5, 2, 4)
+    with pytest.raises(ValueError, match="layout expects 4 \\+ 2"):
+        tree_attention_grouped(q, q, q, layout)
+    with pytest.raises(ValueError, match="out of range"):
+        build_tree_layout(4, [4], [[-1]])
+
+
+def test_tree_alpha_hand_case():
+    # two rows over V=2: p = softmax(0, 0) = (.5, .5); q row 0 = (.5, .5) -> alpha 1; q row 1 = softmax(log 3, 0)
+    # = (.75, .25) -> alpha = .5 + .25 = .75. Branches: [row0, row1], [row0, row0].
+    p = torch.zeros(2, 2)
+    q = torch.tensor([[0.0, 0.0], [torch.log(torch.tensor(3.0)).item(), 0.0]])
+    idx = torch.tensor([[0, 1], [0, 0]])
+    rd = torch.tensor([0, 1])
+    alpha = tree_alpha(p, q, rd, idx)
+    torch.testing.assert_close(alpha, torch.tensor([[1.0, 0.75], [1.0, 1.0]]))
+    # E2E-TV: branch 0: 1 - (1 + .75)/2 = .125; branch 1: 0 -> mean .0625
+    assert tree_loss("e2e_tv", p, q, rd, idx).item() == pytest.approx(0.0625)
+    # per-token TV: multiplicity-weighted: (0 + .25 + 0 + 0) / 4
+    assert tree_loss("tv", p, q, rd, idx).item() == pytest.approx(0.0625)
+    # both target rows compared with draft row 0 -> every alpha is 1
+    assert tree_loss("e2e_tv", p, q, torch.tensor([0, 0]), idx).item() == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("name", ["e2e_tv", "tv", "fkl", "rkl"])
+def test_tree_loss_equals_expanded_branches(name):
+    torch.manual_seed(1)
+    a, k, g, v = 3, 5, 4, 11
+    pk = pack_branches(torch.randint(0, 2, (a, k, g)), g - 1)  # many shared prefixes
+    r = pk.row_anchor.numel()
+    assert r < a + a * k * (g - 1)
+    q = torch.randn(a, g, v, requires_grad=True)
+    p_rows = torch.randn(r, v)
+    tree = tree_loss(name, p_rows, q.reshape(a * g, v), pk.row_anchor * g + pk.row_slot, pk.row_index)
+    (g_tree,) = torch.autograd.grad(tree, q)
+    expanded = get_loss(name)(p_rows[pk.row_index], q[:, None].expand(a, k, g, v).reshape(a * k, g, v))
+    (g_exp,) = torch.autograd.grad(expanded, q)
+    assert tree.item() == pytest.approx(expanded.item(), rel=1e-5, abs=1e-6)
+    torch.testing.assert_close(g_tree, g_exp, atol=1e-6, rtol=1e-5)
+
+
+def test_tree_loss_bad_input():
+    p = torch.zeros(2, 3)
+    with pytest.raises(KeyError, match="no proposal-tree form"):
+        tree_loss("ce_decay", p, p, torch.arange(2), torch.zeros(1, 1, dtype=torch.long))
+    with pytest.raises(ValueError, match="row_index entries"):
+        tree_loss("e2e_tv", p, p, torch.arange(2), torch.tensor([[0, 2]]))
+    with pytest.raises(ValueError, match="row_draft has 1 entries"):
+        tree_loss("tv", p, p, torch.tensor([0]), torch.tensor([[0, 1]]))
+    with pytest.raises(ValueError, match="vocabulary mismatch"):
+        tree_loss("fkl", p, torch.zeros(2, 4), torch.arange(2), torch.tensor([[0, 1]]))
