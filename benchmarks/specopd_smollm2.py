@@ -10,7 +10,7 @@ number of target-scored (supervised) draft tokens for each method:
 Supervised tokens per second are measured for (b) and (c) over their whole training loops (server calls
 included). Writes ``benchmarks/results/specopd_smollm2_cpu.json`` and a plot.
 
-    python benchmarks/specopd_smollm2.py [--sft-run runs/sft_smollm2] [--budget-tokens 24000]
+    python benchmarks/specopd_smollm2.py [--sft-run runs/sft_smollm2] [--budget-tokens 57344]
 """
 
 from __future__ import annotations
@@ -18,12 +18,17 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
 
 DOMAINS = ["dialogue", "coding", "math", "agentic"]
 ADMIN_KEY = "specopd-bench-admin"
+
+
+class _BudgetReached(Exception):
+    """The sequential baseline has consumed its supervised-token budget."""
 
 
 def push(url: str, drafter, version: str) -> None:
@@ -49,16 +54,23 @@ def main(argv=None) -> int:
     ap.add_argument("--sft-run", default="runs/sft_smollm2")
     ap.add_argument("--run-dir", default="runs/specopd_smollm2")
     ap.add_argument("--out", default="benchmarks/results/specopd_smollm2_cpu.json")
-    ap.add_argument("--budget-tokens", type=int, default=24000)
+    ap.add_argument("--budget-tokens", type=int, default=57344)
     ap.add_argument("--anchors", type=int, default=32)
     ap.add_argument("--branches", type=int, default=8)
-    ap.add_argument("--seqs-per-step", type=int, default=2)
-    ap.add_argument("--rollout-prompts", type=int, default=8)
+    ap.add_argument("--seqs-per-step", type=int, default=1)
+    ap.add_argument("--rollout-prompts", type=int, default=16)
     ap.add_argument("--rollout-tokens", type=int, default=64)
-    ap.add_argument("--eval-limit", type=int, default=6)
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--eval-limit", type=int, default=8)
     ap.add_argument("--eval-max-new-tokens", type=int, default=96)
     ap.add_argument("--port", type=int, default=31400)
+    ap.add_argument("--plot-only", action="store_true", help="redraw the plot from an existing --out JSON")
     args = ap.parse_args(argv)
+    if args.plot_only:
+        res = json.loads(Path(args.out).read_text())
+        _plot(res["acceptance"], res["supervised_tokens_per_s"], res["supervised_tokens_per_s_collection"],
+              Path(args.out).with_suffix(".png"))
+        return 0
 
     import torch
     from transformers import AutoTokenizer
@@ -73,13 +85,15 @@ def main(argv=None) -> int:
     from specopd_trainer.drafters.dflash import DFlashDrafter
     from specopd_trainer.features import FeatureStore
     from specopd_trainer.loops.engine import run_training
-    from specopd_trainer.loops.sequential_opd import collect_rollouts, rollout_step
+    from specopd_trainer.loops.sequential_opd import Rollout, collect_rollouts, rollout_step
     from specopd_trainer.loops.sft import SFTConfig, train_sft
     from specopd_trainer.loops.specopd import SpecOPDConfig, specopd_step
     from specopd_trainer.pipeline import split_holdout
 
     torch.set_num_threads(2)
     sft_run, run = Path(args.sft_run), Path(args.run_dir)
+    for sub in ("sft_continued", "specopd", "sequential_opd"):  # a benchmark starts fresh (the engine would resume)
+        shutil.rmtree(run / sub, ignore_errors=True)
     run.mkdir(parents=True, exist_ok=True)
     target = prepare_model("smollm2")
     tok = AutoTokenizer.from_pretrained(target)
@@ -101,80 +115,131 @@ def main(argv=None) -> int:
         per_step = 8 * 16 * G
         t0 = time.monotonic()
         train_sft(a, train_seqs, [], run / "sft_continued",
-                  SFTConfig(steps=max(1, args.budget_tokens // per_step), lr=3e-4, warmup_steps=2))
-        wall["sft_continued"], tokens["sft_continued"] = time.monotonic() - t0, per_step * max(1, args.budget_tokens // per_step)
+                  SFTConfig(steps=max(1, round(args.budget_tokens / per_step)), lr=args.lr, warmup_steps=2))
+        wall["sft_continued"], tokens["sft_continued"] = time.monotonic() - t0, per_step * max(1, round(args.budget_tokens / per_step))
         push(server.url, a, "sft_continued")
         acceptance["sft_continued"] = evaluate(server.url, tok, args)
         print("sft_continued", json.dumps(acceptance["sft_continued"]), file=sys.stderr)
 
-        # (b) SpecOPD
+        # (b) SpecOPD: per step seqs x anchors x branches x G supervised branch tokens, one score_trees call
         b = copy.deepcopy(base)
         scfg = SpecOPDConfig(anchors_per_seq=args.anchors, branches=args.branches, seqs_per_step=args.seqs_per_step,
-                             lr=3e-4, warmup_steps=2)
+                             temperature=1.0, lr=args.lr, warmup_steps=2)
         per_step = args.seqs_per_step * args.anchors * args.branches * G
-        steps_b = max(1, args.budget_tokens // per_step)
-        counter = {"tokens": 0}
+        steps_b = max(1, round(args.budget_tokens / per_step))
+        acc_b = {"tokens": 0, "scored_rows": 0, "draft_s": 0.0, "score_s": 0.0, "loss_s": 0.0}
 
         def step_b(step, gen):
             picks = torch.randint(len(train_seqs), (scfg.seqs_per_step,), generator=gen).tolist()
             loss, m = specopd_step(b, client, [train_seqs[i] for i in picks], scfg, gen)
             loss.backward()
-            counter["tokens"] += m["supervised_tokens"]
-            return loss.item(), {"est_tau": m["est_tau"], "supervised_tokens": counter["tokens"]}
+            acc_b["tokens"] += m["supervised_tokens"]
+            acc_b["scored_rows"] += m["scored_rows"]
+            for k in ("draft_s", "score_s", "loss_s"):
+                acc_b[k] += m[k]
+            return loss.item(), {"est_tau": m["est_tau"], "supervised_tokens": acc_b["tokens"]}
 
         t0 = time.monotonic()
         run_training(b, step_b, run / "specopd", steps=steps_b, lr=scfg.lr, warmup_steps=2, min_lr_ratio=0.1,
-                     grad_clip=1.0, seed=0, log_every=1, ckpt_every=1000, desc="SpecOPD")
-        wall["specopd"], tokens["specopd"] = time.monotonic() - t0, counter["tokens"]
-        tps["specopd"] = tokens["specopd"] / wall["specopd"]
+                     grad_clip=1.0, seed=0, log_every=1, ckpt_every=10**6, desc="SpecOPD")
+        wall["specopd"], tokens["specopd"] = time.monotonic() - t0, acc_b["tokens"]
         push(server.url, b, "specopd")
         acceptance["specopd"] = evaluate(server.url, tok, args)
-        print("specopd", json.dumps(acceptance["specopd"]), tps, file=sys.stderr)
+        print("specopd", json.dumps(acceptance["specopd"]), file=sys.stderr)
 
-        # (c) sequential-rollout OPD
+        # (c) sequential-rollout OPD: push, real rollouts through the SPECOPD worker, score the recorded blocks
         c = copy.deepcopy(base)
-        counter = {"tokens": 0, "prompt": 0}
+        acc_c = {"tokens": 0, "records": 0, "push_s": 0.0, "rollout_s": 0.0, "score_s": 0.0, "loss_s": 0.0,
+                 "rollout_tokens": 0}
         layer_ids = list(base.spec.target_layer_ids)
 
         def step_c(step, gen):
+            if acc_c["tokens"] >= args.budget_tokens:
+                raise _BudgetReached
+            t = time.monotonic()
             push(server.url, c, f"seq-opd-{step}")
+            t1 = time.monotonic()
             idx = torch.randint(len(prompts), (args.rollout_prompts,), generator=gen).tolist()
             rollouts = collect_rollouts(client, [prompts[i] for i in idx], max_new_tokens=args.rollout_tokens,
-                                        temperature=1.0)
-            loss, m = rollout_step(c, client, rollouts, layer_ids)
+                                        temperature=1.0, concurrency=args.rollout_prompts)
+            t2 = time.monotonic()
+            # keep exactly the remaining budget's records (the last step is trimmed, earlier steps use all)
+            left = max(1, (args.budget_tokens - acc_c["tokens"]) // G)
+            kept = []
+            for r in rollouts:
+                recs = [x for x in r.records if x["anchor"] < len(r.token_ids)][:left]
+                left -= len(recs)
+                kept.append(Rollout(r.token_ids, r.prompt_len, recs))
+            loss, m = rollout_step(c, client, [r for r in kept if r.records], layer_ids)
             loss.backward()
-            counter["tokens"] += m["supervised_tokens"]
-            return loss.item(), {"est_tau": m["est_tau"], "supervised_tokens": counter["tokens"]}
+            acc_c["push_s"] += t1 - t
+            acc_c["rollout_s"] += t2 - t1
+            acc_c["rollout_tokens"] += sum(len(r.token_ids) - r.prompt_len for r in rollouts)
+            for k in ("score_s", "loss_s"):
+                acc_c[k] += m[k]
+            acc_c["tokens"] += m["supervised_tokens"]
+            acc_c["records"] += m["records"]
+            return loss.item(), {"est_tau": m["est_tau"], "supervised_tokens": acc_c["tokens"]}
 
+        # steps: as many as the budget takes (the step that would exceed it is trimmed, then the loop stops);
+        # the LR schedule assumes the expected count at tau ~ 1.2 tokens per verify
+        steps_c = max(1, round(args.budget_tokens / (args.rollout_prompts * args.rollout_tokens / 1.2 * G)))
         t0 = time.monotonic()
-        est_per_step = args.rollout_prompts * (args.rollout_tokens // 1.3) * G
-        run_training(c, step_c, run / "sequential_opd", steps=max(1, int(args.budget_tokens // est_per_step) + 1),
-                     lr=3e-4, warmup_steps=2, min_lr_ratio=0.1, grad_clip=1.0, seed=0, log_every=1,
-                     ckpt_every=1000, desc="sequential OPD")
-        wall["sequential_opd"], tokens["sequential_opd"] = time.monotonic() - t0, counter["tokens"]
-        tps["sequential_opd"] = tokens["sequential_opd"] / wall["sequential_opd"]
+        try:
+            run_training(c, step_c, run / "sequential_opd", steps=10**4, lr=args.lr, warmup_steps=2,
+                         min_lr_ratio=0.1, grad_clip=1.0, seed=0, log_every=1, ckpt_every=10**6,
+                         desc="sequential OPD", schedule_steps=steps_c)
+        except _BudgetReached:
+            pass
+        wall["sequential_opd"], tokens["sequential_opd"] = time.monotonic() - t0, acc_c["tokens"]
         push(server.url, c, "sequential_opd")
         acceptance["sequential_opd"] = evaluate(server.url, tok, args)
-        print("sequential_opd", json.dumps(acceptance["sequential_opd"]), tps, file=sys.stderr)
+        print("sequential_opd", json.dumps(acceptance["sequential_opd"]), file=sys.stderr)
 
     for name, d in (("sft_continued", a), ("specopd", b), ("sequential_opd", c)):
         d.save_pretrained(run / f"drafter-{name}", overwrite=True)
+    # supervised tokens per second, three ways (all measured on the same machine, same server):
+    #   end_to_end: whole training loop (supervision + drafter forward/backward + optimiser)
+    #   collection: producing the target-scored supervision only (SpecOPD: drafter sampling forward + score call;
+    #               sequential: push + rollouts + score call)
+    #   target_side: seconds the target server worked for it (SpecOPD: score call; sequential: rollouts + score)
+    coll_b, coll_c = acc_b["draft_s"] + acc_b["score_s"], acc_c["push_s"] + acc_c["rollout_s"] + acc_c["score_s"]
+    tps = {
+        "specopd": tokens["specopd"] / wall["specopd"],
+        "sequential_opd": tokens["sequential_opd"] / wall["sequential_opd"],
+    }
+    tps_collect = {"specopd": tokens["specopd"] / coll_b, "sequential_opd": tokens["sequential_opd"] / coll_c}
+    tps_target = {"specopd": tokens["specopd"] / acc_b["score_s"],
+                  "sequential_opd": tokens["sequential_opd"] / (acc_c["rollout_s"] + acc_c["score_s"])}
     ratio = tps["specopd"] / tps["sequential_opd"]
+    ratios = {"end_to_end": ratio, "collection": tps_collect["specopd"] / tps_collect["sequential_opd"],
+              "target_side": tps_target["specopd"] / tps_target["sequential_opd"]}
+    mean_gain = {t: acceptance["specopd"][t]["mean"] / acceptance["sft_continued"][t]["mean"] - 1 for t in ("T0", "T1")}
     payload = {
         "target": "SmolLM2-135M-Instruct", "start": str(sft_dir), "acceptance": acceptance,
-        "supervised_tokens_per_s": tps, "throughput_ratio": ratio, "budget_target_tokens": args.budget_tokens,
-        "supervised_tokens": tokens, "wall_s": wall,
-        "specopd_config": scfg.model_dump(), "rollout": {"prompts": args.rollout_prompts, "tokens": args.rollout_tokens},
+        "supervised_tokens_per_s": tps, "throughput_ratio": ratio, "throughput_ratios": ratios,
+        "supervised_tokens_per_s_collection": tps_collect, "supervised_tokens_per_s_target_side": tps_target,
+        "budget_target_tokens": args.budget_tokens, "supervised_tokens": tokens, "wall_s": wall,
+        "phases_s": {"specopd": acc_b, "sequential_opd": acc_c},
+        "specopd_scored_rows_per_supervised_token": acc_b["scored_rows"] / max(1, acc_b["tokens"]),
+        "specopd_gain_over_continued_sft": mean_gain,
+        "specopd_config": scfg.model_dump(),
+        "rollout": {"prompts": args.rollout_prompts, "tokens": args.rollout_tokens, "temperature": 1.0,
+                    "concurrency": args.rollout_prompts},
+        "eval": {"limit_per_domain": args.eval_limit, "max_new_tokens": args.eval_max_new_tokens},
         "floors": {"specopd_beats_continued_sft_T0": acceptance["specopd"]["T0"]["mean"] > acceptance["sft_continued"]["T0"]["mean"],
-                   "throughput_ratio_ge_10": ratio >= 10},
+                   "specopd_beats_continued_sft_T1": acceptance["specopd"]["T1"]["mean"] > acceptance["sft_continued"]["T1"]["mean"],
+                   "throughput_ratio_ge_10": ratio >= 10,
+                   "collection_throughput_ratio_ge_10": ratios["collection"] >= 10},
     }
     write_result(args.out, payload, command="python " + " ".join(sys.argv))
-    _plot(acceptance, tps, Path(args.out).with_suffix(".png"))
-    print(f"wrote {args.out}: ratio {ratio:.1f}x", file=sys.stderr)
+    _plot(acceptance, tps, tps_collect, Path(args.out).with_suffix(".png"))
+    print(f"wrote {args.out}: throughput ratios {json.dumps({k: round(v, 2) for k, v in ratios.items()})}",
+          file=sys.stderr)
     return 0
 
 
-def _plot(acceptance: dict, tps: dict, path: Path) -> None:
+def _plot(acceptance: dict, tps: dict, tps_collect: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -188,10 +253,17 @@ def _plot(acceptance: dict, tps: dict, path: Path) -> None:
             ax.bar([x + (i - 1.5) * width for x in range(len(DOMAINS))],
                    [acceptance[m][temp][d] for d in DOMAINS], width=width, label=m)
         ax.set_xticks(range(len(DOMAINS)), DOMAINS)
-        ax.set_title(f"mean acceptance length, {temp}")
-    axes[0].legend(fontsize=8)
-    axes[2].bar(list(tps), list(tps.values()), color=["tab:green", "tab:red"])
+        ax.set_title(f"mean acceptance length (tau), {temp}")
+        top = max(acceptance[m][temp][d] for m in methods for d in DOMAINS)
+        ax.set_ylim(1.0, 1.0 + (top - 1.0) * 1.35)  # tau >= 1 always: start the axis there
+    axes[0].legend(fontsize=7, ncol=2, loc="upper left")
+    x = range(2)
+    axes[2].bar([i - 0.2 for i in x], [tps["specopd"], tps["sequential_opd"]], width=0.4, label="end to end")
+    axes[2].bar([i + 0.2 for i in x], [tps_collect["specopd"], tps_collect["sequential_opd"]], width=0.4,
+                label="supervision collection")
+    axes[2].set_xticks(list(x), ["SpecOPD", "sequential OPD"])
     axes[2].set_title("supervised tokens / s")
+    axes[2].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

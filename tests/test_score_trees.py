@@ -467,6 +467,33 @@ def test_client_score_trees(shared_server: Shared, exactness) -> None:
         assert info.value.status == 400 and "vocabulary" in info.value.reason
 
 
+def test_trie_packed_branches_equal_chain_branches(shared_server: Shared) -> None:
+    """SpecOPD's trie packing (shared branch prefixes scored once) gives every branch the rows of its chain form."""
+    from specopd_trainer.loops.branch_tree import pack_branches
+    from trainer.client import SpecOPDClient
+
+    gen = torch.Generator().manual_seed(0)
+    n_anchors, k, g = 3, 6, 3  # block_size 4: 3 drafted slots, the first 2 tokens of a branch are scored
+    prefix = torch.randint(5, shared_server.vocab_size, (24,), generator=gen).tolist()
+    anchors = [3, 11, 23]
+    branches = torch.randint(5, 8, (n_anchors, k, g), generator=gen)  # 3 token values: many shared prefixes
+    packed = pack_branches(branches, g - 1)
+    assert packed.num_nodes < n_anchors * k * (g - 1)
+    chain = ScoreTreesRequest(references=[{"input_ids": prefix, "trees": [
+        {"anchor": a, "branches": branches[j, :, : g - 1].tolist()} for j, a in enumerate(anchors)]}],
+        block_size=4, returns=["hidden"])
+    trie = ScoreTreesRequest(references=[{"input_ids": prefix, "trees": [
+        {"anchor": a, "tokens": packed.tokens[j], "parents": packed.parents[j]} for j, a in enumerate(anchors)]}],
+        block_size=4, returns=["hidden"])
+    with SpecOPDClient(shared_server.url, retries=0) as client:
+        h_chain = client.score_trees(chain)[0].hidden
+        h_trie = client.score_trees(trie)[0].hidden
+    assert h_trie.shape[0] == n_anchors + packed.num_nodes
+    chain_rows = torch.cat([h_chain[:n_anchors].repeat_interleave(k, 0)[:, None],
+                            h_chain[n_anchors:].view(n_anchors * k, g - 1, -1)], dim=1)  # [A*K, G, H]
+    torch.testing.assert_close(h_trie[packed.row_index], chain_rows, atol=TOL, rtol=TOL)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Bad input
 # ---------------------------------------------------------------------------------------------------------------

@@ -48,9 +48,9 @@ def run_main_job(cfg: MainJobConfig, console=None) -> Dict:
     from specopd_trainer.client import SpecOPDClient
     from specopd_trainer.drafters.dflash import DFlashDrafter
     from specopd_trainer.evaluate import evaluate_acceptance
-    from specopd_trainer.loops.engine import run_training
     from specopd_trainer.loops.sft import SFTConfig, train_sft
-    from specopd_trainer.loops.specopd import SpecOPDConfig, specopd_step
+    from specopd_trainer.loops.specopd import SpecOPDConfig
+    from specopd_trainer.loops.specopd_run import train_specopd
     from specopd_trainer.pipeline import DOMAINS, prepare_sequences, push_drafter
 
     say = console.print if console is not None else print
@@ -87,25 +87,16 @@ def run_main_job(cfg: MainJobConfig, console=None) -> Dict:
         say("measuring acceptance before SpecOPD ...")
         before = evaluate_acceptance(server.url, tok, DOMAINS, temperature=0.0, limit=cfg.eval_limit,
                                      max_new_tokens=cfg.eval_max_new_tokens, progress=False)
-        scfg = SpecOPDConfig(steps=cfg.specopd_steps, anchors_per_seq=16, branches=4, seqs_per_step=2, lr=3e-4,
-                             warmup_steps=2)
-
-        def step_fn(step, gen):
-            picks = torch.randint(len(train), (scfg.seqs_per_step,), generator=gen).tolist()
-            loss, m = specopd_step(drafter, client, [train[i] for i in picks], scfg, gen)
-            loss.backward()
-            return loss.item(), {"est_tau": m["est_tau"]}
-
-        def on_step(step, metrics):
-            if step % cfg.push_every == 0 or step == scfg.steps:
-                push_drafter(server.url, drafter, f"specopd-{step}", ADMIN_KEY)
-
+        scfg = SpecOPDConfig(steps=cfg.specopd_steps, anchors_per_seq=16, branches=8, seqs_per_step=2, lr=3e-4,
+                             warmup_steps=2, push_every=cfg.push_every, log_every=1, ckpt_every=cfg.specopd_steps)
         t0 = time.monotonic()
         run_dir = work / f"specopd-{int(time.time())}"
-        run_training(drafter, step_fn, run_dir, steps=scfg.steps, lr=scfg.lr, warmup_steps=scfg.warmup_steps,
-                     min_lr_ratio=0.1, grad_clip=1.0, seed=0, log_every=1, ckpt_every=scfg.steps, desc="SpecOPD",
-                     on_step=on_step)
+        summary = train_specopd(drafter, client, train, run_dir, scfg,
+                                push=lambda step, d: push_drafter(server.url, d, f"specopd-{step}", ADMIN_KEY))
         timings["specopd_s"] = time.monotonic() - t0
+        say(f"SpecOPD: {summary['steps']} steps, {summary['supervised_tokens']} supervised tokens "
+            f"({summary['supervised_tokens_per_s']:.0f}/s), est. tau {summary['metrics'].get('est_tau', float('nan')):.2f}, "
+            f"pushed at steps {summary['pushed']}")
         drafter.save_pretrained(work / "drafter-specopd", overwrite=True)
         say("measuring acceptance after SpecOPD (redeployed hot) ...")
         after = evaluate_acceptance(server.url, tok, DOMAINS, temperature=0.0, limit=cfg.eval_limit,

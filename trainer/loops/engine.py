@@ -25,8 +25,13 @@ def run_training(drafter, step_fn: Callable[[int, torch.Generator], Tuple[float,
                  steps: int, lr: float, warmup_steps: int, min_lr_ratio: float, grad_clip: float, seed: int,
                  log_every: int, ckpt_every: int, max_minutes: Optional[float] = None, weight_decay: float = 0.0,
                  config: Optional[dict] = None, desc: str = "train",
-                 on_step: Optional[Callable[[int, Dict], None]] = None, progress: bool = True) -> Dict:
-    """Optimise ``drafter`` with ``step_fn``; returns {steps, loss, wall_s, metrics (last)}."""
+                 on_step: Optional[Callable[[int, Dict], None]] = None, progress: bool = True,
+                 schedule_steps: Optional[int] = None) -> Dict:
+    """Optimise ``drafter`` with ``step_fn``; returns {steps, loss, wall_s, metrics (last)}.
+
+    ``schedule_steps``: the step count the LR schedule decays over (default ``steps``; past it the LR stays at
+    ``min_lr_ratio * lr``), for loops that stop on another budget than a step count.
+    """
     rank, _ = dist_info()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -56,7 +61,8 @@ def run_training(drafter, step_fn: Callable[[int, torch.Generator], Tuple[float,
     while step < steps:
         if max_minutes is not None and wall_before + time.monotonic() - t0 > max_minutes * 60:
             break
-        cur_lr = lr_at(step, base_lr=lr, warmup_steps=warmup_steps, total_steps=steps, min_ratio=min_lr_ratio)
+        cur_lr = lr_at(step, base_lr=lr, warmup_steps=warmup_steps, total_steps=schedule_steps or steps,
+                       min_ratio=min_lr_ratio)
         for g in opt.param_groups:
             g["lr"] = cur_lr
         opt.zero_grad(set_to_none=True)
