@@ -30,9 +30,9 @@ class SpecOPDConfig(BaseModel):
 
     steps: int = Field(default=200, ge=1)
     max_minutes: float | None = Field(default=None, gt=0)
-    seqs_per_step: int = Field(default=4, ge=1)
-    anchors_per_seq: int = Field(default=8, ge=1)
-    branches: int = Field(default=4, ge=1)
+    seqs_per_step: int = Field(default=2, ge=1)
+    anchors_per_seq: int = Field(default=32, ge=1)
+    branches: int = Field(default=8, ge=1)
     temperature: float = Field(default=1.0, gt=0)
     loss: str = "e2e_tv"
     lr: float = Field(default=3e-4, gt=0)
