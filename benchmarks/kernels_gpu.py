@@ -1,0 +1,157 @@
+"""Kernel parity and speed on a GPU: fused Triton E2E-TV alpha and grouped tree attention vs their references.
+
+Prepared for a short lent GPU session (torch + Triton, no SGLang): copy the repo, run
+
+    python benchmarks/kernels_gpu.py --out benchmarks/results/kernels_gpu.json
+
+(from the repo root; ``specopd_kernels`` is imported from ``kernels/`` in the source tree when it is not
+installed, so only torch and Triton are needed). Per case it checks
+values and gradients against the plain-torch reference and times both (CUDA events, median of ``--repeats``):
+  - ``fused_acceptance_alpha`` vs ``acceptance_alpha`` on [rows, V] logits, V in {49152, 151936}, fp32 / bf16;
+  - ``tree_attention_grouped`` vs ``tree_attention_reference`` (dense [T, T] mask) on SpecOPD-shaped trees.
+``--device cpu --small`` runs tiny shapes on CPU (Triton under TRITON_INTERPRET=1): the test suite uses it to
+keep this script working. Writes one result file in the shared shape (command, commit, machine, versions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+
+def _import_kernels() -> None:
+    """Make ``specopd_kernels`` importable from the source tree when the package is not installed."""
+    try:
+        import specopd_kernels  # noqa: F401
+    except ImportError:
+        import importlib.util
+
+        root = Path(__file__).resolve().parents[1] / "kernels"
+        spec = importlib.util.spec_from_file_location("specopd_kernels", root / "__init__.py",
+                                                      submodule_search_locations=[str(root)])
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["specopd_kernels"] = mod
+        spec.loader.exec_module(mod)
+
+
+def _timed(fn, device: str, repeats: int) -> float:
+    import torch
+
+    fn()  # warm-up (compilation / autotune)
+    times = []
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def alpha_cases(device: str, small: bool, repeats: int) -> list:
+    import torch
+
+    from specopd_kernels.losses import acceptance_alpha, fused_acceptance_alpha
+
+    shapes = [(8, 1000), (5, 4099)] if small else [(4096, 49152), (2048, 151936)]
+    out = []
+    for rows, vocab in shapes:
+        for dtype in (torch.float32, torch.bfloat16):
+            gen = torch.Generator(device="cpu").manual_seed(rows + vocab)
+            t = (torch.randn(rows, vocab, generator=gen) * 3).to(device, dtype)
+            d0 = (t.float() + torch.randn(rows, vocab, generator=gen).to(device)).to(dtype)
+            res = {}
+            for name, fn in (("fused", fused_acceptance_alpha), ("reference", acceptance_alpha)):
+                d = d0.clone().requires_grad_(True)
+                a = fn(t, d)
+                (g,) = torch.autograd.grad(a.sum(), d)
+                res[name] = (a.detach().float(), g.float())
+
+                def fwd_bwd(fn=fn):
+                    dd = d0.clone().requires_grad_(True)
+                    torch.autograd.grad(fn(t, dd).sum(), dd)
+
+                res[name + "_s"] = _timed(fwd_bwd, device, repeats)
+            out.append({"rows": rows, "vocab": vocab, "dtype": str(dtype).replace("torch.", ""),
+                        "max_abs_alpha_diff": float((res["fused"][0] - res["reference"][0]).abs().max()),
+                        "max_abs_grad_diff": float((res["fused"][1] - res["reference"][1]).abs().max()),
+                        "fused_fwd_bwd_s": res["fused_s"], "reference_fwd_bwd_s": res["reference_s"],
+                        "speedup": res["reference_s"] / res["fused_s"]})
+            print(out[-1], file=sys.stderr)
+    return out
+
+
+def attention_cases(device: str, small: bool, repeats: int) -> list:
+    import torch
+
+    from specopd_kernels.tree import build_tree_layout, build_tree_mask, tree_attention_grouped
+    from specopd_kernels.tree.attention import tree_attention_reference
+
+    # (prefix P, anchors A, branches K, scored depth D, q heads, kv heads, head dim)
+    shapes = [(24, 3, 2, 3, 4, 2, 16)] if small else [(512, 32, 8, 6, 32, 8, 128), (2048, 64, 8, 14, 32, 8, 128)]
+    out = []
+    for p, a, k, depth, hq, hkv, hd in shapes:
+        rng = random.Random(p)
+        anchors = [rng.randrange(p // 4, p) for _ in range(a)]
+        parents = [[-1 if m == 0 else b * depth + m - 1 for b in range(k) for m in range(depth)] for _ in anchors]
+        layout = build_tree_layout(p, anchors, parents)
+        offsets = [sum(len(x) for x in parents[:j]) for j in range(a)]
+        node_anchor = torch.tensor([x for x, ps in zip(anchors, parents) for _ in ps])
+        node_parent = torch.tensor([-1 if q == -1 else q + offsets[j] for j, ps in enumerate(parents) for q in ps])
+        mask = build_tree_mask(p, node_anchor, node_parent).to(device)
+        layout = layout.to(device)
+        t = p + node_anchor.numel()
+        dtype = torch.float32 if small else torch.bfloat16
+        gen = torch.Generator(device="cpu").manual_seed(t)
+        q, kk, v = (torch.randn(t, h, hd, generator=gen).to(device, dtype) for h in (hq, hkv, hkv))
+        got = tree_attention_grouped(q, kk, v, layout)
+        ref = tree_attention_reference(q, kk, v, mask)
+        out.append({"prefix": p, "anchors": a, "branches": k, "depth": depth, "tokens": t, "dtype": str(dtype),
+                    "max_abs_diff": float((got.float() - ref.float()).abs().max()),
+                    "grouped_s": _timed(lambda: tree_attention_grouped(q, kk, v, layout), device, repeats),
+                    "reference_dense_s": _timed(lambda: tree_attention_reference(q, kk, v, mask), device, repeats)})
+        out[-1]["speedup"] = out[-1]["reference_dense_s"] / out[-1]["grouped_s"]
+        print(out[-1], file=sys.stderr)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke run)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default="benchmarks/results/kernels_gpu.json")
+    args = ap.parse_args(argv)
+    if args.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    import torch
+
+    _import_kernels()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("error: no CUDA device (use --device cpu --small for a CPU smoke run)", file=sys.stderr)
+        return 2
+    payload = {"device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+               "alpha": alpha_cases(args.device, args.small, args.repeats),
+               "tree_attention": attention_cases(args.device, args.small, args.repeats)}
+    try:
+        from sglang_specopd.results import write_result
+    except ImportError:  # a device machine without the package's dependencies: plain JSON
+        import json
+
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), **payload}, indent=2))
+    else:
+        write_result(args.out, payload, command="python " + " ".join(sys.argv))
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""The prepared GPU kernel check (benchmarks/kernels_gpu.py) runs end to end on CPU with tiny shapes."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_kernels_gpu_script_cpu_smoke(tmp_path):
+    out = tmp_path / "kernels.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernels_gpu.py"), "--device", "cpu", "--small",
+                        "--repeats", "1", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["device"] == "cpu" and res["command"].startswith("python ")
+    assert {(c["vocab"], c["dtype"]) for c in res["alpha"]} == {(1000, "float32"), (1000, "bfloat16"),
+                                                                (4099, "float32"), (4099, "bfloat16")}
+    for c in res["alpha"]:
+        tol = 1e-5 if c["dtype"] == "float32" else 2e-2
+        assert c["max_abs_alpha_diff"] < tol and c["max_abs_grad_diff"] < tol, c
+    (att,) = res["tree_attention"]
+    assert att["tokens"] == 24 + 3 * 2 * 3 and att["max_abs_diff"] < 1e-5
+
+
+def test_kernels_gpu_script_without_cuda_is_a_clear_error(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():  # pragma: no cover - GPU machines run the real thing
+        return
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernels_gpu.py"), "--out", str(tmp_path / "x.json")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "no CUDA device" in r.stderr
