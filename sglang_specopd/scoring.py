@@ -17,7 +17,6 @@ The FlashInfer packed custom mask (``specopd_kernels.tree.flashinfer_custom_mask
 from __future__ import annotations
 
 import contextvars
-import json
 from typing import Dict, List, Tuple
 
 import torch
