@@ -29,7 +29,10 @@ class PortInUseError(ServeError):
 
 
 def check_port_free(host: str, port: int) -> None:
-    """Raise :class:`PortInUseError` if ``host:port`` cannot be bound right now."""
+    """Raise :class:`PortInUseError` if ``host:port`` cannot be bound right now, :class:`ServeError` if ``port``
+    is not a usable TCP port (1..65535; 0 would let SGLang bind a random port nobody knows)."""
+    if not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ServeError(f"--port must be in 1..65535, got {port}")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         # Like uvicorn: SO_REUSEADDR, so sockets in TIME_WAIT do not count, a live listener does.
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

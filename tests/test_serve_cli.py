@@ -140,3 +140,12 @@ def test_server_dying_at_startup_is_reported(tmp_path: Path, tiny_target: Path, 
     tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-3:]
     assert all(line in err for line in tail), (tail, err)
     assert_no_orphans(port=port, tag=tag)
+
+
+@pytest.mark.parametrize("port", [0, -1, 65536, 99999])
+def test_port_out_of_range_is_a_clear_error(port: int) -> None:
+    from sglang_specopd.launch import PortInUseError, ServeError, check_port_free
+
+    with pytest.raises(ServeError, match=r"--port must be in 1\.\.65535") as info:
+        check_port_free("127.0.0.1", port)
+    assert not isinstance(info.value, PortInUseError)

@@ -140,6 +140,9 @@ def _load_tokenizer(tokenizer: Any, url: str, api_key: Optional[str]) -> Any:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         try:
             r = httpx.get(url.rstrip("/") + "/model_info", headers=headers, timeout=30)
+        except httpx.HTTPError as exc:
+            raise EvaluationError(f"cannot reach the server at {url}: {exc}") from None
+        try:
             r.raise_for_status()
             info = r.json()
         except (httpx.HTTPError, ValueError) as exc:
