@@ -55,7 +55,8 @@ def serve(
     ignore_eos: bool = typer.Option(False, "--ignore-eos/--stop-at-eos", help="Always generate max-new-tokens."),
     request_timeout: float = typer.Option(600.0, "--request-timeout", min=1.0, help="Seconds per request."),
     max_prompt_tokens: int = typer.Option(2048, "--max-prompt-tokens", min=1),
-    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Target tokenizer (default: the server's)."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Target tokenizer: a directory or a prepared "
+                                            "name like smollm2 (default: the server's)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPECOPD_API_KEY"),
     baseline_api_key: Optional[str] = typer.Option(None, "--baseline-api-key", help="Default: --api-key."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the result JSON here."),
@@ -67,6 +68,7 @@ def serve(
     from sglang_specopd.bench.runner import BASE, SPEC, load_prompts, run_benchmark
     from sglang_specopd.config import ConfigError
     from sglang_specopd.launch import ServeError
+    from sglang_specopd.models import TargetNotFoundError, resolve_tokenizer
     from sglang_specopd.results import write_result
     from specopd_trainer.data import DataError
     from specopd_trainer.evaluate import EvaluationError, _load_tokenizer
@@ -86,6 +88,10 @@ def serve(
     names = [d.strip() for d in domains.split(",") if d.strip()]
     if not names:
         _fail("--domains is empty", 2)
+    try:
+        tokenizer = resolve_tokenizer(tokenizer)  # a prepared name -> its local directory, never the Hub
+    except TargetNotFoundError as exc:
+        _fail(f"--tokenizer: {exc}", 2)
     params = RequestParams(max_new_tokens=max_new_tokens, temperature=temperature, ignore_eos=ignore_eos)
     base_key = baseline_api_key or api_key
     code = 0

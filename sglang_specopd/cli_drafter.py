@@ -1,6 +1,6 @@
 """``specopd drafter ...`` commands: init, check (attached to :data:`sglang_specopd.cli.drafter_app`).
 
-Errors print ``error: ...`` (or one problem per line) on stderr and exit with code 2, never a traceback.
+Errors print ``error: ...`` lines (one per problem for ``check``) on stderr and exit with code 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -22,6 +22,15 @@ class _DType(str, enum.Enum):
 
 def _fail(message: str) -> None:
     typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=2)
+
+
+def _report_problems(problems, drafter: Path) -> None:
+    """One ``error: ...`` line per problem (stderr), a count line if there are several; exit 2."""
+    for p in problems:
+        typer.echo(f"error: {p.message}", err=True)
+    if len(problems) > 1:
+        typer.echo(f"error: {len(problems)} problems in {drafter}", err=True)
     raise typer.Exit(code=2)
 
 
@@ -69,9 +78,7 @@ def init(
         _fail(str(exc))
     problems = check_drafter(out, target_dir)
     if problems:  # a bug in init itself: report it the same way as `check`
-        for p in problems:
-            typer.echo(p.message, err=True)
-        raise typer.Exit(code=2)
+        _report_problems(problems, out)
     typer.echo(f"ok: {describe(spec)}", err=True)
     typer.echo(str(out))
 
@@ -82,15 +89,12 @@ def check(
     target: str = typer.Option(..., "--target", help="Target: a prepared model name (smollm2) or a HF checkpoint dir."),
     home: Optional[Path] = typer.Option(None, "--home", help="specopd home for resolving model names."),
 ) -> None:
-    """Validate DRAFTER against TARGET: exit 0 with an "ok: ..." summary, or exit 2 listing each problem."""
+    """Validate DRAFTER against TARGET: exit 0 with an "ok: ..." summary, or exit 2, one "error: ..." per problem."""
     from sglang_specopd.drafter_check import check_drafter, describe
     from sglang_specopd.drafter_format import read_drafter_spec
 
     target_dir = _resolve(target, home)
     problems = check_drafter(drafter, target_dir)
     if problems:
-        for p in problems:
-            typer.echo(p.message)
-        typer.echo(f"{len(problems)} problem(s) in {drafter}", err=True)
-        raise typer.Exit(code=2)
+        _report_problems(problems, drafter)
     typer.echo(f"ok: {drafter}: {describe(read_drafter_spec(drafter))}")

@@ -28,13 +28,15 @@ def acceptance(
     out: Optional[Path] = typer.Option(None, "--out", help="Write the result JSON here."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG bar plot of tau per domain here."),
     label: Optional[str] = typer.Option(None, "--label", help="Name of this drafter/run, stored and plotted."),
-    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Target tokenizer dir (default: server's)."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Target tokenizer dir or prepared "
+                                            "name like smollm2 (default: server's)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPECOPD_API_KEY"),
 ) -> None:
     """Mean acceptance length (tau = completion tokens / verify steps) per domain on held-out prompts."""
     from rich.console import Console
     from rich.table import Table
 
+    from sglang_specopd.models import TargetNotFoundError, resolve_tokenizer
     from sglang_specopd.results import write_result
     from specopd_trainer.data import DataError
     from specopd_trainer.evaluate import EvaluationError, SpecDecodingUnavailableError, evaluate_acceptance, plot_tau
@@ -42,6 +44,11 @@ def acceptance(
     names = [d.strip() for d in domains.split(",") if d.strip()]
     if not names:
         typer.echo("error: --domains is empty", err=True)
+        raise typer.Exit(code=2)
+    try:
+        tokenizer = resolve_tokenizer(tokenizer)  # a prepared name -> its local directory, never the Hub
+    except TargetNotFoundError as exc:
+        typer.echo(f"error: --tokenizer: {exc}", err=True)
         raise typer.Exit(code=2)
     try:
         result = evaluate_acceptance(server, tokenizer, names, temperature, limit, max_new_tokens, concurrency,

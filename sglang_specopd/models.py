@@ -267,3 +267,15 @@ def resolve_target(name_or_path: str | os.PathLike[str], *, home: str | os.PathL
     if not (path / "config.json").is_file():
         raise TargetNotFoundError(f"target is not a HF checkpoint directory (no config.json): {path}")
     return path
+
+
+def resolve_tokenizer(name_or_path: str | None, *, home: str | os.PathLike[str] | None = None) -> str | None:
+    """A ``--tokenizer`` value: a known target name (``"smollm2"``) becomes its prepared local directory (never
+    the Hub); anything else (a path, a Hub id, None) is returned unchanged.
+
+    Raises:
+        TargetNotFoundError: a known name that has not been prepared (says which ``specopd models prepare`` to run).
+    """
+    if name_or_path is not None and name_or_path in KNOWN_MODELS:
+        return str(resolve_target(name_or_path, home=home))
+    return name_or_path

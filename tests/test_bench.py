@@ -326,6 +326,38 @@ def test_report_from_synthetic_results(tmp_path: Path) -> None:
         build_report(results, tmp_path / "bench" / "REPORT.md", readme)
 
 
+def test_report_machine_line_without_machine_info(tmp_path: Path) -> None:
+    from sglang_specopd.bench.report import _provenance
+
+    assert _provenance({"command": "c"}).endswith("; machine unknown")
+    assert _provenance({"machine": {}}).endswith("; machine unknown")
+    assert _provenance({"machine": {"cpu": "X", "cores": 4, "gpu": None}}).endswith("; X, 4 cores, no GPU")
+    assert _provenance({"machine": {"cpu": "X", "cores": 4}}).endswith("; X, 4 cores, GPU unknown")
+    assert _provenance({"machine": {"cpu": "X", "cores": 4, "gpu": "H200"}}).endswith("; X, 4 cores, H200")
+
+
+@pytest.mark.parametrize("readme_text", [None, "# no markers\n"])
+def test_bench_report_bad_readme_writes_nothing(tmp_path: Path, readme_text: Optional[str]) -> None:
+    from typer.testing import CliRunner
+
+    from sglang_specopd.cli import _register_subcommands, app
+
+    _register_subcommands()
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "sft_smollm2_cpu.json").write_text(json.dumps({"acceptance": {
+        "sft": {"T0": {"dialogue": 1.1, "coding": 1.2, "math": 1.3, "agentic": 1.4}}}}))
+    readme = tmp_path / "README.md"
+    if readme_text is not None:
+        readme.write_text(readme_text)
+    out = tmp_path / "bench" / "REPORT.md"
+    res = CliRunner().invoke(app, ["bench", "report", "--results", str(results), "--out", str(out),
+                                   "--readme", str(readme)])
+    assert res.exit_code == 2 and res.output.startswith("error: ") and "Traceback" not in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1 and str(readme) in res.output
+    assert not out.parent.exists()  # no REPORT.md, no PNGs
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # CLI input errors
 # ----------------------------------------------------------------------------------------------------------------
@@ -351,6 +383,31 @@ def test_bench_serve_bad_input_exits_2_with_one_error_line(args, needle) -> None
     res = CliRunner().invoke(app, ["bench", "serve", *args])
     assert res.exit_code == 2, res.output
     assert needle in res.output and "Traceback" not in res.output
+
+
+def test_tokenizer_prepared_name_resolves_locally_or_says_prepare(tmp_path: Path, monkeypatch) -> None:
+    """--tokenizer smollm2 -> the prepared directory, never the Hub; not prepared -> exit 2 before any request."""
+    from typer.testing import CliRunner
+
+    from sglang_specopd.cli import _register_subcommands, app
+    from sglang_specopd.models import KNOWN_MODELS, MARKER_NAME, resolve_tokenizer
+
+    _register_subcommands()
+    monkeypatch.setenv("SPECOPD_HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for cmd in (["bench", "serve"], ["eval", "acceptance"]):
+        t0 = time.monotonic()
+        res = CliRunner().invoke(app, [*cmd, "--server", "http://127.0.0.1:9", "--tokenizer", "smollm2"])
+        assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+        assert res.output.startswith("error: --tokenizer: ")
+        assert "run `specopd models prepare smollm2` first" in res.output
+        assert time.monotonic() - t0 < 10
+    model = tmp_path / "models" / KNOWN_MODELS["smollm2"].dirname
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (model / MARKER_NAME).write_text(json.dumps({"dtype": "float32"}))
+    assert resolve_tokenizer("smollm2") == str(model)
+    assert resolve_tokenizer("/some/dir") == "/some/dir" and resolve_tokenizer(None) is None
 
 
 def test_bench_serve_unreachable_server_exits_1_and_report_bad_dir(tmp_path: Path) -> None:

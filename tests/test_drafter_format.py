@@ -252,9 +252,21 @@ def test_cli_check_exits_2_with_problem_line(case: str, target: Path, bad_copy: 
     _register_subcommands()
     res = CliRunner().invoke(app, ["drafter", "check", str(bad_copy(case)), "--target", str(target)])
     assert res.exit_code == 2
-    assert any(BAD_CASES[case][2] in line for line in res.stdout.splitlines())
+    assert any(line.startswith("error: ") and BAD_CASES[case][2] in line for line in res.stderr.splitlines())
+    assert all(line.startswith("error: ") for line in res.stderr.splitlines()) and res.stdout == ""
     assert "Traceback" not in res.output
     assert isinstance(res.exception, SystemExit)  # typer.Exit(2), not an uncaught error
+
+
+def test_cli_check_missing_drafter_says_error(target: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from sglang_specopd.cli import _register_subcommands, app
+
+    _register_subcommands()
+    res = CliRunner().invoke(app, ["drafter", "check", str(tmp_path / "none"), "--target", str(target)])
+    assert res.exit_code == 2
+    assert res.stderr.strip() == f"error: drafter path does not exist: {tmp_path / 'none'}" and res.stdout == ""
 
 
 def test_check_missing_target_and_drafter(drafter: Path, tmp_path: Path) -> None:

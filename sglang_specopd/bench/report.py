@@ -92,10 +92,14 @@ def _specopd_throughput(data: Mapping) -> List[str]:
 
 
 def _provenance(data: Mapping[str, Any]) -> str:
-    m = data.get("machine") or {}
-    gpu = m.get("gpu") or "no GPU"
+    m = data.get("machine")
+    if isinstance(m, Mapping) and m:
+        gpu = (m["gpu"] or "no GPU") if "gpu" in m else "GPU unknown"
+        machine = f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores, {gpu}"
+    else:  # no machine record: say so rather than guess "no GPU"
+        machine = "machine unknown"
     return (f"`{data.get('command', '?')}` at commit `{str(data.get('git_commit', '?'))[:12]}`, "
-            f"{data.get('created', '?')}; {m.get('cpu', '?')}, {m.get('cores', '?')} cores, {gpu}")
+            f"{data.get('created', '?')}; {machine}")
 
 
 def concurrency_table(data: Mapping[str, Any]) -> str:
@@ -243,6 +247,8 @@ def build_report(results_dir: Path, out: Path, readme: Optional[Path] = None) ->
     :data:`README_START` / :data:`README_END` markers.
     """
     out = Path(out)
+    if readme is not None:
+        check_readme(Path(readme))  # before anything is written
     results, notes = load_results(Path(results_dir))
     conc = {n: d for n, d in results.items() if n.startswith("concurrency_")}
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -271,15 +277,26 @@ def build_report(results_dir: Path, out: Path, readme: Optional[Path] = None) ->
     return ReportOutput(out, tuple(plots), tuple(results), tuple(notes), updated)
 
 
+def check_readme(readme: Path) -> Tuple[str, int, int]:
+    """Read ``readme`` and find its generated block: ``(text, start, end)`` offsets of the markers.
+
+    Raises FileNotFoundError (no README, or not a file) or ValueError (markers missing or out of order).
+    """
+    if not Path(readme).is_file():
+        raise FileNotFoundError(f"--readme {readme} does not exist or is not a file")
+    text = Path(readme).read_text()
+    i, j = text.find(README_START), text.find(README_END)
+    if i < 0 or j < i:
+        raise ValueError(f"{readme} has no '{README_START}' ... '{README_END}' block to fill")
+    return text, i, j
+
+
 def update_readme(readme: Path, block: str) -> bool:
     """Replace the text between :data:`README_START` and :data:`README_END`; True if the file changed.
 
     Raises FileNotFoundError (no README) or ValueError (markers missing or out of order).
     """
-    text = Path(readme).read_text()
-    i, j = text.find(README_START), text.find(README_END)
-    if i < 0 or j < i:
-        raise ValueError(f"{readme} has no '{README_START}' ... '{README_END}' block to fill")
+    text, i, j = check_readme(readme)
     new = text[: i + len(README_START)] + "\n" + block + text[j:]
     if new != text:
         Path(readme).write_text(new)
