@@ -87,7 +87,8 @@ def main(argv=None) -> int:
     from specopd_trainer.loops.engine import run_training
     from specopd_trainer.loops.sequential_opd import Rollout, collect_rollouts, rollout_step
     from specopd_trainer.loops.sft import SFTConfig, train_sft
-    from specopd_trainer.loops.specopd import SpecOPDConfig, specopd_step
+    from specopd_trainer.loops.specopd import SpecOPDConfig
+    from specopd_trainer.loops.specopd_run import train_specopd
     from specopd_trainer.pipeline import split_holdout
 
     torch.set_num_threads(2)
@@ -124,25 +125,15 @@ def main(argv=None) -> int:
         # (b) SpecOPD: per step seqs x anchors x branches x G supervised branch tokens, one score_trees call
         b = copy.deepcopy(base)
         scfg = SpecOPDConfig(anchors_per_seq=args.anchors, branches=args.branches, seqs_per_step=args.seqs_per_step,
-                             temperature=1.0, lr=args.lr, warmup_steps=2)
-        per_step = args.seqs_per_step * args.anchors * args.branches * G
-        steps_b = max(1, round(args.budget_tokens / per_step))
-        acc_b = {"tokens": 0, "scored_rows": 0, "draft_s": 0.0, "score_s": 0.0, "loss_s": 0.0}
-
-        def step_b(step, gen):
-            picks = torch.randint(len(train_seqs), (scfg.seqs_per_step,), generator=gen).tolist()
-            loss, m = specopd_step(b, client, [train_seqs[i] for i in picks], scfg, gen)
-            loss.backward()
-            acc_b["tokens"] += m["supervised_tokens"]
-            acc_b["scored_rows"] += m["scored_rows"]
-            for k in ("draft_s", "score_s", "loss_s"):
-                acc_b[k] += m[k]
-            return loss.item(), {"est_tau": m["est_tau"], "supervised_tokens": acc_b["tokens"]}
-
+                             temperature=1.0, lr=args.lr, warmup_steps=2, log_every=1, ckpt_every=10**6,
+                             steps=max(1, round(args.budget_tokens / (args.seqs_per_step * args.anchors
+                                                                      * args.branches * G))))
         t0 = time.monotonic()
-        run_training(b, step_b, run / "specopd", steps=steps_b, lr=scfg.lr, warmup_steps=2, min_lr_ratio=0.1,
-                     grad_clip=1.0, seed=0, log_every=1, ckpt_every=10**6, desc="SpecOPD")
-        wall["specopd"], tokens["specopd"] = time.monotonic() - t0, acc_b["tokens"]
+        summary = train_specopd(b, client, train_seqs, run / "specopd", scfg)
+        wall["specopd"], tokens["specopd"] = time.monotonic() - t0, summary["supervised_tokens"]
+        rows = [json.loads(line) for line in (run / "specopd" / "metrics.jsonl").read_text().splitlines()]
+        acc_b = {"tokens": summary["supervised_tokens"], "scored_rows": sum(r["scored_rows"] for r in rows),
+                 **{k: sum(r[k] for r in rows) for k in ("draft_s", "score_s", "loss_s")}}
         push(server.url, b, "specopd")
         acceptance["specopd"] = evaluate(server.url, tok, args)
         print("specopd", json.dumps(acceptance["specopd"]), file=sys.stderr)

@@ -13,9 +13,9 @@ from sglang_specopd.cli import app
 from sglang_specopd.train_data import (  # noqa: F401
     _RESUMABLE_CHANGES, _check_run_config, _load_prompts, _load_sequences, _parse_domains, _rank_zero_first, _record)
 from sglang_specopd.train_options import (  # noqa: F401
-    ADMIN_KEY_ENV, _fmt, _guarded, _o_admin_key, _o_api_key, _o_data, _o_init, _o_max_minutes, _o_max_new_tokens,
-    _o_per_domain, _o_progress, _o_run_dir, _o_seed, _o_server, _o_steps, _o_target, _o_version_prefix, _sayer,
-    _TrainFail)
+    ADMIN_KEY_ENV, _config, _fmt, _guarded, _o_admin_key, _o_api_key, _o_data, _o_init, _o_max_minutes,
+    _o_max_new_tokens, _o_per_domain, _o_progress, _o_run_dir, _o_seed, _o_server, _o_steps, _o_target,
+    _o_version_prefix, _sayer, _TrainFail)
 from sglang_specopd.train_session import _finish, _Session  # noqa: F401
 
 
@@ -99,23 +99,14 @@ def train_specopd_cmd(
     Runs under `torchrun` as DDP (each rank samples its own sequences; rank 0 pushes)."""
 
     def body() -> None:
-        from pydantic import ValidationError
-
         from specopd_trainer.loops.common import dist_info
         from specopd_trainer.loops.specopd import SpecOPDConfig
-        from specopd_trainer.loops.specopd_run import check_specopd_loss, train_specopd
+        from specopd_trainer.loops.specopd_run import train_specopd
 
-        try:
-            check_specopd_loss(loss)
-            cfg = SpecOPDConfig(steps=steps, max_minutes=max_minutes, seqs_per_step=seqs_per_step,
-                                anchors_per_seq=anchors, branches=branches, temperature=temperature, loss=loss,
-                                lr=lr, warmup_steps=warmup, seed=seed, log_every=log_every, ckpt_every=ckpt_every,
-                                push_every=push_every)
-        except ValidationError as exc:
-            raise _TrainFail("bad option: " + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
-                                                          for e in exc.errors())) from None
-        except ValueError as exc:
-            raise _TrainFail(str(exc)) from None
+        cfg = _config(SpecOPDConfig, steps=steps, max_minutes=max_minutes, seqs_per_step=seqs_per_step,
+                      anchors_per_seq=anchors, branches=branches, temperature=temperature, loss=loss, lr=lr,
+                      warmup_steps=warmup, seed=seed, log_every=log_every, ckpt_every=ckpt_every,
+                      push_every=push_every)
         _parse_domains(data)  # fail on a bad --data before touching the server
         rank, world = dist_info()
         say = _sayer(rank)
@@ -173,18 +164,12 @@ def train_sft_cmd(
     Runs under `torchrun` as DDP."""
 
     def body() -> None:
-        from pydantic import ValidationError
-
         from specopd_trainer.loops.common import dist_info
         from specopd_trainer.loops.sft import SFTConfig, train_sft
 
-        try:
-            cfg = SFTConfig(steps=steps, max_minutes=max_minutes, seqs_per_step=seqs_per_step,
-                            anchors_per_seq=anchors, lr=lr, warmup_steps=warmup, seed=seed, log_every=log_every,
-                            ckpt_every=ckpt_every)
-        except ValidationError as exc:
-            raise _TrainFail("bad option: " + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
-                                                          for e in exc.errors())) from None
+        cfg = _config(SFTConfig, steps=steps, max_minutes=max_minutes, seqs_per_step=seqs_per_step,
+                      anchors_per_seq=anchors, lr=lr, warmup_steps=warmup, seed=seed, log_every=log_every,
+                      ckpt_every=ckpt_every)
         _parse_domains(data)
         rank, world = dist_info()
         say = _sayer(rank)
@@ -244,18 +229,12 @@ def train_sequential_opd_cmd(
     With a domain list, prompts come from the domains' train split (no responses are generated)."""
 
     def body() -> None:
-        from pydantic import ValidationError
-
         from specopd_trainer.loops.common import dist_info
         from specopd_trainer.loops.specopd_run import SequentialOPDConfig, train_sequential_opd
 
-        try:
-            cfg = SequentialOPDConfig(steps=steps, max_minutes=max_minutes, rollout_prompts=rollout_prompts,
-                                      rollout_tokens=rollout_tokens, temperature=temperature, lr=lr,
-                                      warmup_steps=warmup, seed=seed, log_every=log_every, ckpt_every=ckpt_every)
-        except ValidationError as exc:
-            raise _TrainFail("bad option: " + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
-                                                          for e in exc.errors())) from None
+        cfg = _config(SequentialOPDConfig, steps=steps, max_minutes=max_minutes, rollout_prompts=rollout_prompts,
+                      rollout_tokens=rollout_tokens, temperature=temperature, lr=lr, warmup_steps=warmup,
+                      seed=seed, log_every=log_every, ckpt_every=ckpt_every)
         _parse_domains(data)
         rank, world = dist_info()
         if world > 1:

@@ -25,6 +25,18 @@ class _TrainFail(Exception):
         self.code = code
 
 
+def _config(cls, **options):
+    """``cls(**options)`` (a strict pydantic config), a pydantic validation error turned into a clean
+    ``bad option: ...`` failure (exit 2)."""
+    from pydantic import ValidationError
+
+    try:
+        return cls(**options)
+    except ValidationError as exc:
+        raise _TrainFail("bad option: " + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                                                      for e in exc.errors())) from None
+
+
 def _o_server():
     return typer.Option(..., "--server", help="URL of a running SPECOPD server (`specopd serve ...`).")
 

@@ -65,17 +65,6 @@ def sample_branches(draft_logits: torch.Tensor, k: int, temperature: float, gen:
     return draws.view(nb, g, k).permute(0, 2, 1).contiguous()
 
 
-def build_request(seqs, anchors_list, branches_list, block_size: int):
-    """The score_trees request of one step: per sequence its anchors with K branches of G-1 tokens each."""
-    from sglang_specopd.protocol import ScoreTreesRequest
-
-    refs = []
-    for s, anchors, br in zip(seqs, anchors_list, branches_list):
-        trees = [{"anchor": int(a), "branches": br[j, :, : block_size - 2].tolist()} for j, a in enumerate(anchors)]
-        refs.append({"input_ids": s.token_ids.tolist(), "trees": trees})
-    return ScoreTreesRequest(references=refs, block_size=block_size, returns=["hidden"], output_dtype="float32")
-
-
 def target_logits_for_branches(head, scored, n_anchors: int, k: int, g: int,
                                head_dtype: str = "float32") -> torch.Tensor:
     """Target logits ``[n_anchors, k, G, V]`` from one scored reference (rows: anchors, then nodes in order).
