@@ -5,7 +5,8 @@ import random
 import pytest
 import torch
 
-from specopd_kernels.losses import get_loss, tree_alpha, tree_loss
+from specopd_kernels.losses import (chunked_tree_alpha, get_loss, tree_alpha, tree_alpha_reference, tree_loss,
+                                    tree_loss_and_alpha)
 from specopd_kernels.tree import build_tree_layout, build_tree_mask, tree_attention_grouped, tree_attention_reference
 from specopd_trainer.loops.branch_tree import pack_branches
 
@@ -126,3 +127,58 @@ def test_tree_loss_bad_input():
         tree_loss("tv", p, p, torch.tensor([0]), torch.tensor([[0, 1]]))
     with pytest.raises(ValueError, match="vocabulary mismatch"):
         tree_loss("fkl", p, torch.zeros(2, 4), torch.arange(2), torch.tensor([[0, 1]]))
+
+
+@pytest.mark.parametrize("r,nq,v,chunk", [(1, 1, 5, 64), (63, 4, 97, 64), (64, 4, 97, 64), (65, 7, 97, 64),
+                                          (200, 16, 1000, 7), (37, 5, 257, 1), (65, 3, 49152, 64)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_tree_alpha_matches_reference(r, nq, v, chunk, dtype):
+    torch.manual_seed(r * 7 + v)
+    target = (torch.randn(r, v) * 3).to(dtype)
+    draft = (torch.randn(nq, v) * 3).to(dtype).requires_grad_()
+    row_draft = torch.randint(nq, (r,))
+    n, g = 2 * r, 5
+    row_index = torch.randint(r, (n, g))
+    w = torch.rand(n, g)
+    got = chunked_tree_alpha(target, draft, row_draft, chunk_rows=chunk)[row_index]
+    ref = tree_alpha_reference(target, draft, row_draft, row_index)
+    assert got.dtype == torch.float32 and got.shape == (n, g)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    (g_got,) = torch.autograd.grad((got * w).sum(), draft)
+    (g_ref,) = torch.autograd.grad((ref * w).sum(), draft)
+    assert g_got.dtype == dtype
+    tol = 1e-6 if dtype == torch.float32 else 2e-3
+    torch.testing.assert_close(g_got.float(), g_ref.float(), atol=tol, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5)
+
+
+def test_chunked_tree_alpha_hand_case_and_ties():
+    # p = (.5, .5); q = (.75, .25): alpha = .5 + .25 = .75; d alpha / dq = 1[q < p] = (0, 1);
+    # d alpha / d logits = q * (e - <e, q>) = (.75 * (0 - .25), .25 * (1 - .25)) = (-.1875, .1875)
+    target = torch.zeros(1, 2)
+    draft = torch.tensor([[torch.log(torch.tensor(3.0)).item(), 0.0]], requires_grad=True)
+    alpha = chunked_tree_alpha(target, draft, torch.tensor([0]))
+    assert alpha.item() == pytest.approx(0.75)
+    (grad,) = torch.autograd.grad(alpha.sum(), draft)
+    torch.testing.assert_close(grad, torch.tensor([[-0.1875, 0.1875]]))
+    # q == p exactly: alpha = 1 is the maximum; the 1[q < p] rule gives zero gradient (no mass to move)
+    same = torch.tensor([[0.3, -1.2, 2.0]])
+    d = same.clone().requires_grad_()
+    a = chunked_tree_alpha(same, d, torch.tensor([0]))
+    assert a.item() == pytest.approx(1.0)
+    assert torch.equal(torch.autograd.grad(a.sum(), d)[0], torch.zeros(1, 3))
+    with pytest.raises(ValueError, match="chunk_rows"):
+        chunked_tree_alpha(same, d, torch.tensor([0]), chunk_rows=0)
+
+
+@pytest.mark.parametrize("name", ["e2e_tv", "tv"])
+def test_tree_loss_and_alpha_returns_the_loss_and_its_alpha(name):
+    torch.manual_seed(3)
+    pk = pack_branches(torch.randint(0, 3, (2, 4, 3)), 2)
+    q = torch.randn(2 * 3, 13, requires_grad=True)
+    p_rows = torch.randn(pk.row_anchor.numel(), 13)
+    rd = pk.row_anchor * 3 + pk.row_slot
+    loss, alpha = tree_loss_and_alpha(name, p_rows, q, rd, pk.row_index)
+    assert loss.item() == pytest.approx(tree_loss(name, p_rows, q, rd, pk.row_index).item())
+    assert not alpha.requires_grad
+    torch.testing.assert_close(alpha, tree_alpha_reference(p_rows, q, rd, pk.row_index).detach())
+    assert tree_loss_and_alpha(name, p_rows, q, rd, pk.row_index, with_alpha=False)[1] is None

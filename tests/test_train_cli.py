@@ -24,7 +24,7 @@ from sglang_specopd.protocol import DRAFTER_INFO_PATH
 
 ADMIN_KEY = "train-cli-admin"
 METRIC_KEYS = {"step", "loss", "lr", "grad_norm", "wall_s", "est_tau", "alpha", "step_supervised_tokens",
-               "supervised_tokens", "supervised_tokens_per_s"}
+               "supervised_tokens", "supervised_wall_s", "supervised_tokens_per_s"}
 SEQS, ANCHORS, BRANCHES = 2, 2, 2
 
 
@@ -85,7 +85,9 @@ def test_specopd_pushes_resumes_and_saves(server, tmp_path: Path) -> None:
         assert 0 < r["step_supervised_tokens"] <= SEQS * ANCHORS * BRANCHES * g
         cumulative += r["step_supervised_tokens"]
         assert r["supervised_tokens"] == cumulative
-        assert r["supervised_tokens_per_s"] == pytest.approx(cumulative / r["wall_s"], rel=0.25)
+        assert r["supervised_tokens_per_s"] == pytest.approx(cumulative / r["supervised_wall_s"], rel=1e-9)
+    walls = [r["supervised_wall_s"] for r in first]
+    assert 0 < walls[0] < walls[1] < walls[2]
     # pushed at step 2 (--push-every 2) and at the end (step 3): the server serves the last push
     now = info(server.url)
     assert now["version"] == "specopd-run-step3" and now["swaps"] == swaps0 + 2
@@ -103,6 +105,7 @@ def test_specopd_pushes_resumes_and_saves(server, tmp_path: Path) -> None:
     second = rows(run)
     assert second[:3] == first and [r["step"] for r in second] == [1, 2, 3, 4]
     assert second[3]["supervised_tokens"] == cumulative + second[3]["step_supervised_tokens"]
+    assert second[3]["supervised_wall_s"] > walls[2]  # the wall counter continues across the resume too
     assert info(server.url)["version"] == "specopd-run-step4"
 
     # exact resume: a crash after step 2 of a 4-step run (checkpoint of step 2, metrics rows past it), resumed,

@@ -24,7 +24,7 @@ import torch
 
 from .naive import e2e_tv_from_alpha, forward_kl, reverse_kl, tv_loss
 
-__all__ = ["TREE_LOSSES", "tree_loss", "tree_alpha"]
+__all__ = ["TREE_LOSSES", "tree_loss", "tree_loss_and_alpha", "tree_alpha", "tree_alpha_reference"]
 
 
 _PER_TOKEN: Dict[str, Callable] = {"tv": tv_loss, "fkl": forward_kl, "rkl": reverse_kl}
@@ -67,10 +67,20 @@ def tree_alpha(target_rows: torch.Tensor, draft_logits: torch.Tensor, row_draft:
 
         alpha_rows = fused_acceptance_alpha(target_rows, draft_logits[row_draft])
     else:
-        p = torch.softmax(target_rows.float(), dim=-1)
-        q = torch.softmax(draft_logits.float(), dim=-1)[row_draft]
-        alpha_rows = torch.minimum(p, q).sum(dim=-1)  # [R]
+        from .chunked import chunked_tree_alpha
+
+        alpha_rows = chunked_tree_alpha(target_rows, draft_logits, row_draft)  # [R], streamed over row chunks
     return alpha_rows[row_index]
+
+
+def tree_alpha_reference(target_rows: torch.Tensor, draft_logits: torch.Tensor, row_draft: torch.Tensor,
+                         row_index: torch.Tensor) -> torch.Tensor:
+    """Plain-torch :func:`tree_alpha` (whole ``[R, V]`` tensors, autograd through ``torch.minimum``): the reference
+    the chunked path is tested against. Same arguments and result ``[N, G]``."""
+    _check(target_rows, draft_logits, row_draft, row_index)
+    p = torch.softmax(target_rows.float(), dim=-1)
+    q = torch.softmax(draft_logits.float(), dim=-1)[row_draft]
+    return torch.minimum(p, q).sum(dim=-1)[row_index]
 
 
 def tree_loss(name: str, target_rows: torch.Tensor, draft_logits: torch.Tensor, row_draft: torch.Tensor,
@@ -82,11 +92,23 @@ def tree_loss(name: str, target_rows: torch.Tensor, draft_logits: torch.Tensor, 
     name without a tree form (e.g. ``ce_decay``, ``draft_opd``), ValueError on bad shapes or indices.
     Source: SpecOPD E2E-TV; per-token forms as in the loss registry.
     """
+    return tree_loss_and_alpha(name, target_rows, draft_logits, row_draft, row_index, with_alpha=False)[0]
+
+
+def tree_loss_and_alpha(name: str, target_rows: torch.Tensor, draft_logits: torch.Tensor, row_draft: torch.Tensor,
+                        row_index: torch.Tensor, with_alpha: bool = True):
+    """``(loss, alpha)``: :func:`tree_loss` and the detached ``[N, G]`` :func:`tree_alpha` (None unless
+    ``with_alpha``). For the E2E-TV losses alpha is the loss's own intermediate (no second pass over the rows)."""
     if name not in TREE_LOSSES:
         raise KeyError(f"loss {name!r} has no proposal-tree form; valid names: {', '.join(TREE_LOSSES)}")
     if name in ("e2e_tv", "e2e_tv_fused"):
-        return e2e_tv_from_alpha(tree_alpha(target_rows, draft_logits, row_draft, row_index, name))
+        alpha = tree_alpha(target_rows, draft_logits, row_draft, row_index, name)
+        return e2e_tv_from_alpha(alpha), (alpha.detach() if with_alpha else None)
     _check(target_rows, draft_logits, row_draft, row_index)
     per_row = _PER_TOKEN[name](target_rows, draft_logits[row_draft], reduction="none")  # [R]
     mult = torch.bincount(row_index.reshape(-1), minlength=target_rows.shape[0]).to(per_row.dtype)
-    return (per_row * mult).sum() / mult.sum().clamp(min=1)
+    loss = (per_row * mult).sum() / mult.sum().clamp(min=1)
+    if not with_alpha:
+        return loss, None
+    with torch.no_grad():
+        return loss, tree_alpha(target_rows, draft_logits.detach(), row_draft, row_index)

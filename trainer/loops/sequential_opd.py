@@ -44,18 +44,24 @@ def rollout_step(drafter, client, rollouts: List[Rollout], layer_ids: List[int],
                  max_records: Optional[int] = None, head_dtype: str = "bfloat16") -> Tuple[torch.Tensor, Dict]:
     """E2E-TV on the recorded blocks of ``rollouts`` (score + features in one call); returns (loss, metrics)."""
     from sglang_specopd.protocol import ScoreTreesRequest
-    from specopd_trainer.loops.specopd import specopd_loss, target_logits_for_branches
+    from specopd_kernels.losses import expected_acceptance_length, tree_loss_and_alpha
+    from specopd_trainer.loops.branch_tree import pack_branches
+    from specopd_trainer.loops.specopd import target_head_logits
 
     B = drafter.block_size
     g = B - 1
     refs, kept = [], []
     for r in rollouts:
-        recs = [x for x in r.records if x["anchor"] < len(r.token_ids)][:max_records]  # None = all
+        recs = [x for x in r.records if x["anchor"] < len(r.token_ids) and len(x["proposed"]) >= g - 1]
+        recs = recs[:max_records]  # None = all
         if not recs:
             continue
-        trees = [{"anchor": x["anchor"], "branches": [x["proposed"][: g - 1]]} for x in recs]
+        # each verify record is a one-branch proposal tree at its anchor: its proposed tokens but the last
+        packed = pack_branches(torch.tensor([[x["proposed"][: g - 1]] for x in recs], dtype=torch.long), g - 1)
+        trees = [{"anchor": x["anchor"], "tokens": t, "parents": par}
+                 for x, t, par in zip(recs, packed.tokens, packed.parents)]
         refs.append({"input_ids": r.token_ids, "trees": trees})
-        kept.append((r, recs))
+        kept.append((r, recs, packed))
     if not refs:
         raise ValueError("no verify records in these rollouts (is the server speculative?)")
     t0 = time.monotonic()
@@ -64,14 +70,17 @@ def rollout_step(drafter, client, rollouts: List[Rollout], layer_ids: List[int],
     t1 = time.monotonic()
     head = drafter._head()
     total, n, taus = 0.0, 0, []
-    for (r, recs), sc in zip(kept, scored):
+    for (r, recs, packed), sc in zip(kept, scored):
+        a = len(recs)
         anchors = torch.tensor([x["anchor"] for x in recs], dtype=torch.long)
-        tokens = torch.tensor(r.token_ids, dtype=torch.long)
-        logits, _ = drafter.logits(sc.features.float(), tokens, anchors)
-        p = target_logits_for_branches(head, sc, len(recs), 1, g, head_dtype)
-        loss, m = specopd_loss(logits[:, 1:], p, loss_name)
-        total = total + loss * len(recs)
-        n += len(recs)
-        taus.append(m["est_tau"])
+        logits, _ = drafter.logits(sc.features.float(), torch.tensor(r.token_ids, dtype=torch.long), anchors)
+        with torch.no_grad():
+            p_rows = target_head_logits(head, sc.hidden, head_dtype)  # [a + nodes, V]
+        # the same proposal-tree loss as SpecOPD (one branch per anchor, so no shared rows)
+        loss, alpha = tree_loss_and_alpha(loss_name, p_rows, logits[:, 1:].reshape(a * g, -1),
+                                          packed.row_anchor * g + packed.row_slot, packed.row_index)
+        total = total + loss * a
+        n += a
+        taus.append(float(expected_acceptance_length(alpha)[1].mean()))
     return total / n, {"est_tau": sum(taus) / len(taus), "supervised_tokens": n * g, "records": n,
                        "score_s": t1 - t0, "loss_s": time.monotonic() - t1}

@@ -65,20 +65,6 @@ def sample_branches(draft_logits: torch.Tensor, k: int, temperature: float, gen:
     return draws.view(nb, g, k).permute(0, 2, 1).contiguous()
 
 
-def target_logits_for_branches(head, scored, n_anchors: int, k: int, g: int,
-                               head_dtype: str = "float32") -> torch.Tensor:
-    """Target logits ``[n_anchors, k, G, V]`` from one scored reference (rows: anchors, then nodes in order).
-
-    Node order in the request: anchor j, branch b, depth m -> node index (j*k + b)*(G-1) + m. Slot 1 uses the
-    anchor row; slot i+1 uses the row of branch token i (depth i-1).
-    """
-    h = scored.hidden.float()
-    anchor_rows = h[:n_anchors]  # [A, H]
-    nodes = h[n_anchors:].view(n_anchors, k, g - 1, -1)  # [A, K, G-1, H]
-    rows = torch.cat([anchor_rows[:, None, None, :].expand(-1, k, 1, -1), nodes], dim=2)  # [A, K, G, H]
-    return target_head_logits(head, rows, head_dtype)
-
-
 _HEAD_CACHE: Dict[tuple, torch.Tensor] = {}
 
 
@@ -96,23 +82,6 @@ def target_head_logits(head, hidden: torch.Tensor, dtype: str = "float32") -> to
         _HEAD_CACHE.clear()
         _HEAD_CACHE[key] = w.to(torch.bfloat16)
     return (hidden.to(torch.bfloat16) @ _HEAD_CACHE[key].T).float()
-
-
-def specopd_loss(draft_logits: torch.Tensor, target_logits: torch.Tensor, loss: str = "e2e_tv"):
-    """Loss over ``draft_logits [A, G, V]`` (shared by the A's K branches) and ``target_logits [A, K, G, V]``.
-
-    Returns (loss, metrics) with metrics alpha per slot (mean) and the estimated tau = 1 + E[A].
-    """
-    from specopd_kernels.losses import acceptance_alpha, expected_acceptance_length, get_loss
-
-    a, k, g, v = target_logits.shape
-    q = draft_logits[:, None].expand(a, k, g, v).reshape(a * k, g, v)
-    p = target_logits.reshape(a * k, g, v)
-    value = get_loss(loss)(p, q)
-    with torch.no_grad():
-        alpha = acceptance_alpha(p, q.detach())  # [A*K, G]
-        _, tau = expected_acceptance_length(alpha)
-    return value, {"alpha": alpha.mean(0).tolist(), "est_tau": float(tau.mean())}
 
 
 def build_tree_request(seqs, anchors_list, packed_list, block_size: int):
@@ -137,7 +106,7 @@ def specopd_step(drafter, client, seqs: List, cfg: SpecOPDConfig, gen: torch.Gen
     slot (mean over branches), ``est_tau`` = 1 + E[A] from those alphas, wall seconds ``draft_s`` (drafter
     forward + sampling + packing), ``score_s`` (the server call), ``loss_s`` (target head + loss forward).
     """
-    from specopd_kernels.losses import expected_acceptance_length, tree_alpha, tree_loss
+    from specopd_kernels.losses import expected_acceptance_length, tree_loss_and_alpha
     from specopd_trainer.loops.branch_tree import pack_branches
     from specopd_trainer.loops.common import sample_anchors
 
@@ -168,10 +137,9 @@ def specopd_step(drafter, client, seqs: List, cfg: SpecOPDConfig, gen: torch.Gen
             raise RuntimeError(f"score_trees returned {p_rows.shape[0]} rows, expected {packed.row_anchor.numel()}")
         q_flat = q.reshape(-1, q.shape[-1])  # [A*G, V], one row per (anchor, slot); gradient flows to q
         row_draft = packed.row_anchor * g + packed.row_slot
-        loss = tree_loss(cfg.loss, p_rows, q_flat, row_draft, packed.row_index)
-        with torch.no_grad():
-            alpha = tree_alpha(p_rows, q_flat.detach(), row_draft, packed.row_index)  # [A*K, G]
-            _, tau = expected_acceptance_length(alpha)
+        # alpha [A*K, G] (detached) comes with the loss: for E2E-TV it is the loss's own intermediate
+        loss, alpha = tree_loss_and_alpha(cfg.loss, p_rows, q_flat, row_draft, packed.row_index)
+        _, tau = expected_acceptance_length(alpha)
         total = total + loss * len(anchors)
         n += len(anchors)
         rows += p_rows.shape[0]

@@ -14,8 +14,9 @@ real draft-and-verify rollouts are generated through it (on-policy), and their r
 
 Metrics (one ``metrics.jsonl`` row per logged step, besides the engine's step/loss/lr/grad_norm/wall_s):
 ``est_tau``, ``alpha`` (per slot), ``step_supervised_tokens`` (this step, summed over ranks),
-``supervised_tokens`` (cumulative over the whole run, resumes included), ``supervised_tokens_per_s``
-(cumulative tokens / cumulative training wall seconds), and every other int/float metric the step returns.
+``supervised_tokens`` (cumulative over the whole run, resumes included), ``supervised_wall_s`` (cumulative
+training wall seconds, resumes included), ``supervised_tokens_per_s`` (their ratio), and every
+other int/float metric the step returns.
 The cumulative counters survive a resume through ``counters.json`` (keyed by checkpoint step).
 """
 
@@ -78,7 +79,8 @@ class _Counters:
             keep = set(mult) | {keys[-1]}
             self.table = {str(k): self.table[str(k)] for k in keys if k in keep}
             _atomic_write_text(self.path, json.dumps(self.table))
-        return {"supervised_tokens": self.tokens, "supervised_tokens_per_s": self.tokens / max(wall, 1e-9)}
+        return {"supervised_tokens": self.tokens, "supervised_wall_s": wall,
+                "supervised_tokens_per_s": self.tokens / max(wall, 1e-9)}
 
 
 def _atomic_write_text(path: Path, text: str) -> None:

@@ -1,0 +1,150 @@
+"""Choose SpecOPD / continued-SFT hyper-parameters on a VALIDATION prompt set, at the comparison's budget.
+
+The comparison (``benchmarks/specopd_smollm2.py``) reports acceptance on the held-out EVAL split; picking its
+settings there would select on the test set. This sweep starts one SPECOPD server with the SFT drafter, trains
+each arm from that drafter with the same supervised-token budget, hot-swaps it in and measures mean acceptance
+length at T=0 and T=1 on validation prompts: train-split prompts ``--val-offset ..`` per domain, which the SFT run
+never used (it took the first ``--per-domain`` train-split prompts). Arms::
+
+    sft:lr=5e-4                              continued SFT (8 sequences x 16 anchors per step)
+    specopd:A=32,K=8,S=1,lr=5e-4,temp=1.0    SpecOPD: anchors/seq, branches, seqs/step, LR, sampling temperature
+
+    python benchmarks/specopd_sweep.py --sft-run runs/sft_smollm2_big --arms sft:lr=5e-4 specopd:A=64,K=4,S=1
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+DOMAINS = ["dialogue", "coding", "math", "agentic"]
+ADMIN_KEY = "specopd-sweep-admin"
+SPECOPD_KEYS = {"A": "anchors_per_seq", "K": "branches", "S": "seqs_per_step", "lr": "lr", "temp": "temperature"}
+
+
+def parse_arm(text: str) -> tuple[str, dict]:
+    """``kind:key=value,...`` -> (kind, {key: number}); raises ValueError with the reason."""
+    kind, _, rest = text.partition(":")
+    if kind not in ("sft", "specopd"):
+        raise ValueError(f"arm {text!r}: kind must be sft or specopd")
+    params = {}
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        allowed = ("lr",) if kind == "sft" else tuple(SPECOPD_KEYS)
+        if key not in allowed:
+            raise ValueError(f"arm {text!r}: unknown key {key!r} (valid: {', '.join(allowed)})")
+        params[key] = float(value) if key in ("lr", "temp") else int(value)
+    return kind, params
+
+
+def validation_records(offset: int, limit: int) -> dict:
+    """Per domain, train-split prompts [offset, offset+limit): unseen by an SFT run that used the first ``offset``."""
+    from specopd_trainer.data import load_domain, split
+
+    out = {}
+    for d in DOMAINS:
+        train, _ = split(load_domain(d), eval_fraction=0.1, seed=0)
+        out[d] = list(train[offset:offset + limit])
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sft-run", default="runs/sft_smollm2_big")
+    ap.add_argument("--run-dir", default="runs/specopd_sweep")
+    ap.add_argument("--out", default="benchmarks/results/specopd_sweep_smollm2_cpu.json")
+    ap.add_argument("--arms", nargs="+", required=True)
+    ap.add_argument("--budget-tokens", type=int, default=57344)
+    ap.add_argument("--val-offset", type=int, default=100)
+    ap.add_argument("--val-limit", type=int, default=8)
+    ap.add_argument("--eval-max-new-tokens", type=int, default=96)
+    ap.add_argument("--server-threads", type=int, default=2,
+                    help="CPU server intra-op threads (the trainer waits while the server works, so both cores)")
+    ap.add_argument("--port", type=int, default=31450)
+    args = ap.parse_args(argv)
+    arms = [parse_arm(a) for a in args.arms]
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from sglang_specopd.config import ServeConfig
+    from sglang_specopd.launch import SGLangServer
+    from sglang_specopd.models import prepare_model
+    from sglang_specopd.results import write_result
+    from sglang_specopd.serve import config_path, launch_spec
+    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.drafters.dflash import DFlashDrafter
+    from specopd_trainer.evaluate import evaluate_acceptance
+    from specopd_trainer.features import FeatureStore
+    from specopd_trainer.loops.sft import SFTConfig, train_sft
+    from specopd_trainer.loops.specopd import SpecOPDConfig
+    from specopd_trainer.loops.specopd_run import train_specopd
+    from specopd_trainer.pipeline import push_drafter, split_holdout
+
+    torch.set_num_threads(2)
+    os.environ["SPECOPD_CPU_SERVER_THREADS"] = str(args.server_threads)  # read by launch.server_env on CPU
+    sft_run, run = Path(args.sft_run), Path(args.run_dir)
+    target = prepare_model("smollm2")
+    tok = AutoTokenizer.from_pretrained(target)
+    sft_dir = sft_run / "drafter-sft"
+    base = DFlashDrafter.from_pretrained(sft_dir, target)
+    G = base.block_size - 1
+    train_seqs, _ = split_holdout(FeatureStore(sft_run / "features", list(base.spec.target_layer_ids)).load())
+    records = validation_records(args.val_offset, args.val_limit)
+
+    def evaluate(url):
+        out = {}
+        for temp, key in ((0.0, "T0"), (1.0, "T1")):
+            res = evaluate_acceptance(url, tok, DOMAINS, temperature=temp, records=records,
+                                      max_new_tokens=args.eval_max_new_tokens, concurrency=8, progress=False)
+            out[key] = {**{d: res["tau"][d] for d in DOMAINS}, "mean": res["mean_tau"]}
+        return out
+
+    spec = launch_spec(ServeConfig.load(config_path("cpu-smollm2")), port=args.port, drafter=str(sft_dir),
+                       admin_api_key=ADMIN_KEY)
+    results = []
+    with SGLangServer(spec) as server, SpecOPDClient(server.url) as client:
+        start = evaluate(server.url)
+        print("sft_start", json.dumps(start), file=sys.stderr)
+        for i, ((kind, p), text) in enumerate(zip(arms, args.arms)):
+            d = copy.deepcopy(base)
+            out = run / f"arm{i}"
+            shutil.rmtree(out, ignore_errors=True)
+            t0 = time.monotonic()
+            if kind == "sft":
+                per_step = 8 * 16 * G
+                train_sft(d, train_seqs, [], out, SFTConfig(steps=max(1, round(args.budget_tokens / per_step)),
+                                                            lr=p.get("lr", 5e-4), warmup_steps=2))
+            else:
+                kw = {SPECOPD_KEYS[k]: v for k, v in p.items()}
+                kw.setdefault("anchors_per_seq", 32), kw.setdefault("branches", 8), kw.setdefault("seqs_per_step", 1)
+                kw.setdefault("lr", 5e-4)
+                per_step = kw["anchors_per_seq"] * kw["branches"] * kw["seqs_per_step"] * G
+                cfg = SpecOPDConfig(**kw, warmup_steps=2, log_every=1, ckpt_every=10**6,
+                                    steps=max(1, round(args.budget_tokens / per_step)))
+                train_specopd(d, client, train_seqs, out, cfg)
+            wall = time.monotonic() - t0
+            push_drafter(server.url, d, f"arm{i}", ADMIN_KEY)
+            acc = evaluate(server.url)
+            gain = {t: acc[t]["mean"] / start[t]["mean"] - 1 for t in ("T0", "T1")}
+            results.append({"arm": text, "kind": kind, "params": p, "train_wall_s": wall, "acceptance": acc,
+                            "gain_over_start": gain})
+            print(text, json.dumps({t: round(acc[t]["mean"], 4) for t in ("T0", "T1")}), f"{wall:.0f}s",
+                  file=sys.stderr, flush=True)
+    payload = {"target": "SmolLM2-135M-Instruct", "start": str(sft_dir), "budget_target_tokens": args.budget_tokens,
+               "validation": {"split": "train", "offset": args.val_offset, "limit_per_domain": args.val_limit,
+                              "max_new_tokens": args.eval_max_new_tokens},
+               "sft_start": start, "arms": results}
+    write_result(args.out, payload, command="python " + " ".join(sys.argv))
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
