@@ -44,16 +44,40 @@ def push(url: str, drafter, version: str) -> None:
     push_drafter(url, drafter, version, ADMIN_KEY)
 
 
-def evaluate(url, tok, args) -> dict:
+def evaluate(url, tok, max_new_tokens: int, limit=None, records=None) -> dict:
+    """Mean acceptance length per domain and their mean, at T=0 and T=1: ``{"T0": {domain: tau, "mean": ...}, ...}``.
+    Prompts: the eval split (``limit`` per domain) or ``records`` (domain -> prompt records)."""
     from specopd_trainer.evaluate import evaluate_acceptance
 
     out = {}
     for temp, key in ((0.0, "T0"), (1.0, "T1")):
-        res = evaluate_acceptance(url, tok, DOMAINS, temperature=temp, limit=args.eval_limit,
-                                  max_new_tokens=args.eval_max_new_tokens, concurrency=8, progress=False)
+        res = evaluate_acceptance(url, tok, DOMAINS, temperature=temp, limit=limit, records=records,
+                                  max_new_tokens=max_new_tokens, concurrency=8, progress=False)
         out[key] = {d: res["tau"][d] for d in DOMAINS}
         out[key]["mean"] = res["mean_tau"]
     return out
+
+
+def continued_sft_config(budget_tokens: int, g: int, lr: float):
+    """The continued-SFT arm: 8 sequences x 16 anchors x ``g`` labelled slots per step, as many steps as the
+    supervised-token budget buys; returns (SFTConfig, supervised tokens it trains on)."""
+    from specopd_trainer.loops.sft import SFTConfig
+
+    per_step = 8 * 16 * g
+    steps = max(1, round(budget_tokens / per_step))
+    return SFTConfig(steps=steps, lr=lr, warmup_steps=2), per_step * steps
+
+
+def specopd_config(budget_tokens: int, g: int, *, anchors_per_seq: int, branches: int, seqs_per_step: int,
+                   lr: float, temperature: float = 1.0):
+    """The SpecOPD arm: seqs x anchors x branches x ``g`` supervised branch tokens per step, as many steps as the
+    budget buys, every step logged, no mid-run checkpoints."""
+    from specopd_trainer.loops.specopd import SpecOPDConfig
+
+    per_step = seqs_per_step * anchors_per_seq * branches * g
+    return SpecOPDConfig(anchors_per_seq=anchors_per_seq, branches=branches, seqs_per_step=seqs_per_step,
+                         temperature=temperature, lr=lr, warmup_steps=2, log_every=1, ckpt_every=10**6,
+                         steps=max(1, round(budget_tokens / per_step)))
 
 
 def main(argv=None) -> int:
@@ -95,8 +119,7 @@ def main(argv=None) -> int:
     from specopd_trainer.features import FeatureStore
     from specopd_trainer.loops.engine import run_training
     from specopd_trainer.loops.sequential_opd import Rollout, collect_rollouts, rollout_step
-    from specopd_trainer.loops.sft import SFTConfig, train_sft
-    from specopd_trainer.loops.specopd import SpecOPDConfig
+    from specopd_trainer.loops.sft import train_sft
     from specopd_trainer.loops.specopd_run import train_specopd
     from specopd_trainer.pipeline import split_holdout
 
@@ -118,26 +141,23 @@ def main(argv=None) -> int:
     spec = launch_spec(cfg, port=args.port, drafter=str(sft_dir), admin_api_key=ADMIN_KEY)
     acceptance, tps, wall, tokens = {}, {}, {}, {}
     with SGLangServer(spec) as server, SpecOPDClient(server.url) as client:
-        acceptance["sft_start"] = evaluate(server.url, tok, args)
+        acceptance["sft_start"] = evaluate(server.url, tok, args.eval_max_new_tokens, limit=args.eval_limit)
         print("sft_start", json.dumps(acceptance["sft_start"]), file=sys.stderr)
 
         # (a) continued SFT on the same target-labelled data, same supervised-token budget
         a = copy.deepcopy(base)
-        per_step = 8 * 16 * G
+        sft_cfg, sft_tokens = continued_sft_config(args.budget_tokens, G, args.lr)
         t0 = time.monotonic()
-        train_sft(a, train_seqs, [], run / "sft_continued",
-                  SFTConfig(steps=max(1, round(args.budget_tokens / per_step)), lr=args.lr, warmup_steps=2))
-        wall["sft_continued"], tokens["sft_continued"] = time.monotonic() - t0, per_step * max(1, round(args.budget_tokens / per_step))
+        train_sft(a, train_seqs, [], run / "sft_continued", sft_cfg)
+        wall["sft_continued"], tokens["sft_continued"] = time.monotonic() - t0, sft_tokens
         push(server.url, a, "sft_continued")
-        acceptance["sft_continued"] = evaluate(server.url, tok, args)
+        acceptance["sft_continued"] = evaluate(server.url, tok, args.eval_max_new_tokens, limit=args.eval_limit)
         print("sft_continued", json.dumps(acceptance["sft_continued"]), file=sys.stderr)
 
         # (b) SpecOPD: per step seqs x anchors x branches x G supervised branch tokens, one score_trees call
         b = copy.deepcopy(base)
-        scfg = SpecOPDConfig(anchors_per_seq=args.anchors, branches=args.branches, seqs_per_step=args.seqs_per_step,
-                             temperature=1.0, lr=args.lr, warmup_steps=2, log_every=1, ckpt_every=10**6,
-                             steps=max(1, round(args.budget_tokens / (args.seqs_per_step * args.anchors
-                                                                      * args.branches * G))))
+        scfg = specopd_config(args.budget_tokens, G, anchors_per_seq=args.anchors, branches=args.branches,
+                              seqs_per_step=args.seqs_per_step, lr=args.lr)
         t0 = time.monotonic()
         summary = train_specopd(b, client, train_seqs, run / "specopd", scfg)
         wall["specopd"], tokens["specopd"] = time.monotonic() - t0, summary["supervised_tokens"]
@@ -145,7 +165,7 @@ def main(argv=None) -> int:
         acc_b = {"tokens": summary["supervised_tokens"], "scored_rows": sum(r["scored_rows"] for r in rows),
                  **{k: sum(r[k] for r in rows) for k in ("draft_s", "score_s", "loss_s")}}
         push(server.url, b, "specopd")
-        acceptance["specopd"] = evaluate(server.url, tok, args)
+        acceptance["specopd"] = evaluate(server.url, tok, args.eval_max_new_tokens, limit=args.eval_limit)
         print("specopd", json.dumps(acceptance["specopd"]), file=sys.stderr)
 
         # (c) sequential-rollout OPD: push, real rollouts through the SPECOPD worker, score the recorded blocks
@@ -194,7 +214,7 @@ def main(argv=None) -> int:
             pass
         wall["sequential_opd"], tokens["sequential_opd"] = time.monotonic() - t0, acc_c["tokens"]
         push(server.url, c, "sequential_opd")
-        acceptance["sequential_opd"] = evaluate(server.url, tok, args)
+        acceptance["sequential_opd"] = evaluate(server.url, tok, args.eval_max_new_tokens, limit=args.eval_limit)
         print("sequential_opd", json.dumps(acceptance["sequential_opd"]), file=sys.stderr)
 
     for name, d in (("sft_continued", a), ("specopd", b), ("sequential_opd", c)):

@@ -73,6 +73,7 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoTokenizer
 
+    import specopd_smollm2 as comparison  # the comparison's arms and evaluation (this script's directory)
     from sglang_specopd.config import ServeConfig
     from sglang_specopd.launch import SGLangServer
     from sglang_specopd.models import prepare_model
@@ -80,10 +81,8 @@ def main(argv=None) -> int:
     from sglang_specopd.serve import config_path, launch_spec
     from specopd_trainer.client import SpecOPDClient
     from specopd_trainer.drafters.dflash import DFlashDrafter
-    from specopd_trainer.evaluate import evaluate_acceptance
     from specopd_trainer.features import FeatureStore
-    from specopd_trainer.loops.sft import SFTConfig, train_sft
-    from specopd_trainer.loops.specopd import SpecOPDConfig
+    from specopd_trainer.loops.sft import train_sft
     from specopd_trainer.loops.specopd_run import train_specopd
     from specopd_trainer.pipeline import push_drafter, split_holdout
 
@@ -99,12 +98,7 @@ def main(argv=None) -> int:
     records = validation_records(args.val_offset, args.val_limit)
 
     def evaluate(url):
-        out = {}
-        for temp, key in ((0.0, "T0"), (1.0, "T1")):
-            res = evaluate_acceptance(url, tok, DOMAINS, temperature=temp, records=records,
-                                      max_new_tokens=args.eval_max_new_tokens, concurrency=8, progress=False)
-            out[key] = {**{d: res["tau"][d] for d in DOMAINS}, "mean": res["mean_tau"]}
-        return out
+        return comparison.evaluate(url, tok, args.eval_max_new_tokens, records=records)
 
     spec = launch_spec(ServeConfig.load(config_path("cpu-smollm2")), port=args.port, drafter=str(sft_dir),
                        admin_api_key=ADMIN_KEY)
@@ -118,17 +112,12 @@ def main(argv=None) -> int:
             shutil.rmtree(out, ignore_errors=True)
             t0 = time.monotonic()
             if kind == "sft":
-                per_step = 8 * 16 * G
-                train_sft(d, train_seqs, [], out, SFTConfig(steps=max(1, round(args.budget_tokens / per_step)),
-                                                            lr=p.get("lr", 5e-4), warmup_steps=2))
+                train_sft(d, train_seqs, [], out, comparison.continued_sft_config(args.budget_tokens, G,
+                                                                                  p.get("lr", 5e-4))[0])
             else:
-                kw = {SPECOPD_KEYS[k]: v for k, v in p.items()}
-                kw.setdefault("anchors_per_seq", 32), kw.setdefault("branches", 8), kw.setdefault("seqs_per_step", 1)
-                kw.setdefault("lr", 5e-4)
-                per_step = kw["anchors_per_seq"] * kw["branches"] * kw["seqs_per_step"] * G
-                cfg = SpecOPDConfig(**kw, warmup_steps=2, log_every=1, ckpt_every=10**6,
-                                    steps=max(1, round(args.budget_tokens / per_step)))
-                train_specopd(d, client, train_seqs, out, cfg)
+                kw = {"anchors_per_seq": 32, "branches": 8, "seqs_per_step": 1, "lr": 5e-4,
+                      **{SPECOPD_KEYS[k]: v for k, v in p.items()}}
+                train_specopd(d, client, train_seqs, out, comparison.specopd_config(args.budget_tokens, G, **kw))
             wall = time.monotonic() - t0
             push_drafter(server.url, d, f"arm{i}", ADMIN_KEY)
             acc = evaluate(server.url)
