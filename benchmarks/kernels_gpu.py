@@ -8,6 +8,7 @@ Prepared for a short lent GPU session (torch + Triton, no SGLang): copy the repo
 installed, so only torch and Triton are needed). Per case it checks
 values and gradients against the plain-torch reference and times both (CUDA events, median of ``--repeats``):
   - ``fused_acceptance_alpha`` vs ``acceptance_alpha`` on [rows, V] logits, V in {49152, 151936}, fp32 / bf16;
+  - proposal-tree alpha (SpecOPD's loss path): row-chunked torch and Triton vs ``tree_alpha_reference``;
   - ``tree_attention_grouped`` vs ``tree_attention_reference`` (dense [T, T] mask) on SpecOPD-shaped trees.
 ``--device cpu --small`` runs tiny shapes on CPU (Triton under TRITON_INTERPRET=1): the test suite uses it to
 keep this script working. Writes one result file in the shared shape (command, commit, machine, versions).
@@ -88,6 +89,51 @@ def alpha_cases(device: str, small: bool, repeats: int) -> list:
     return out
 
 
+def tree_alpha_cases(device: str, small: bool, repeats: int) -> list:
+    """Proposal-tree alpha (SpecOPD's loss path): chunked (default) and fused vs the plain reference."""
+    import torch
+
+    from specopd_kernels.losses import chunked_tree_alpha, tree_alpha, tree_alpha_reference
+
+    # (anchors A, slots G, branches N per anchor, distinct-row fraction, vocab)
+    shapes = [(3, 4, 4, 0.6, 1000)] if small else [(32, 15, 16, 0.55, 49152), (32, 15, 16, 0.55, 151936)]
+    out = []
+    for a, g, k, frac, vocab in shapes:
+        gen = torch.Generator(device="cpu").manual_seed(a * g + vocab)
+        q_rows, n = a * g, a * k
+        r = max(q_rows, int(frac * n * g))
+        row_draft = torch.cat([torch.arange(q_rows), torch.randint(0, q_rows, (r - q_rows,), generator=gen)])
+        row_index = torch.randint(0, r, (n, g), generator=gen)
+        for dtype in (torch.float32, torch.bfloat16):
+            t = (torch.randn(r, vocab, generator=gen) * 3).to(device, dtype)
+            d0 = (torch.randn(q_rows, vocab, generator=gen) * 3).to(device, dtype)
+            rd, ri = row_draft.to(device), row_index.to(device)
+            res = {}
+            for name, fn in (("chunked", lambda t, d: chunked_tree_alpha(t, d, rd)[ri]),
+                             ("fused", lambda t, d: tree_alpha(t, d, rd, ri, "e2e_tv_fused")),
+                             ("reference", lambda t, d: tree_alpha_reference(t, d, rd, ri))):
+                d = d0.clone().requires_grad_(True)
+                al = fn(t, d)
+                (gr,) = torch.autograd.grad(al.sum(), d)
+                res[name] = (al.detach().float(), gr.float())
+
+                def fwd_bwd(fn=fn):
+                    dd = d0.clone().requires_grad_(True)
+                    torch.autograd.grad(fn(t, dd).sum(), dd)
+
+                res[name + "_s"] = _timed(fwd_bwd, device, repeats)
+            row = {"anchors": a, "slots": g, "branches": k, "target_rows": r, "draft_rows": q_rows, "vocab": vocab,
+                   "dtype": str(dtype).replace("torch.", ""), "reference_fwd_bwd_s": res["reference_s"]}
+            for name in ("chunked", "fused"):
+                row[f"{name}_max_abs_alpha_diff"] = float((res[name][0] - res["reference"][0]).abs().max())
+                row[f"{name}_max_abs_grad_diff"] = float((res[name][1] - res["reference"][1]).abs().max())
+                row[f"{name}_fwd_bwd_s"] = res[name + "_s"]
+                row[f"{name}_speedup"] = res["reference_s"] / res[name + "_s"]
+            out.append(row)
+            print(row, file=sys.stderr)
+    return out
+
+
 def attention_cases(device: str, small: bool, repeats: int) -> list:
     import torch
 
@@ -128,6 +174,8 @@ def main(argv=None) -> int:
     ap.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke run)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default="benchmarks/results/kernels_gpu.json")
+    ap.add_argument("--git-commit", default=None,
+                    help="commit to record when the tree is a copy without .git (default: detected)")
     args = ap.parse_args(argv)
     if args.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -139,16 +187,14 @@ def main(argv=None) -> int:
         return 2
     payload = {"device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
                "alpha": alpha_cases(args.device, args.small, args.repeats),
+               "tree_alpha": tree_alpha_cases(args.device, args.small, args.repeats),
                "tree_attention": attention_cases(args.device, args.small, args.repeats)}
-    try:
-        from sglang_specopd.results import write_result
-    except ImportError:  # a device machine without the package's dependencies: plain JSON
-        import json
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # results.py needs only the standard library
+    from sglang_specopd.results import write_result
 
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), **payload}, indent=2))
-    else:
-        write_result(args.out, payload, command="python " + " ".join(sys.argv))
+    if args.git_commit:  # a device machine's copy of the tree carries no .git
+        payload["git_commit"] = args.git_commit
+    write_result(args.out, payload, command="python " + " ".join(sys.argv))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_kernels_gpu_script_cpu_smoke(tmp_path):
     out = tmp_path / "kernels.json"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernels_gpu.py"), "--device", "cpu", "--small",
-                        "--repeats", "1", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                        "--repeats", "1", "--out", str(out), "--git-commit", "abc123"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(out.read_text())
     assert res["device"] == "cpu" and res["command"].startswith("python ")
@@ -20,6 +20,14 @@ def test_kernels_gpu_script_cpu_smoke(tmp_path):
     for c in res["alpha"]:
         tol = 1e-5 if c["dtype"] == "float32" else 2e-2
         assert c["max_abs_alpha_diff"] < tol and c["max_abs_grad_diff"] < tol, c
+    assert {c["dtype"] for c in res["tree_alpha"]} == {"float32", "bfloat16"}
+    for c in res["tree_alpha"]:
+        assert c["target_rows"] > c["draft_rows"] == 3 * 4, c
+        for path in ("chunked", "fused"):
+            tol = 1e-5 if c["dtype"] == "float32" else 2e-2
+            assert c[f"{path}_max_abs_alpha_diff"] < tol and c[f"{path}_max_abs_grad_diff"] < tol, c
+    assert set(res) >= {"git_commit", "created", "machine", "versions"} and res["machine"]["gpu"] is None
+    assert res["git_commit"] == "abc123"
     (att,) = res["tree_attention"]
     assert att["tokens"] == 24 + 3 * 2 * 3 and att["max_abs_diff"] < 1e-5
 

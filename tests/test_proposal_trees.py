@@ -182,3 +182,25 @@ def test_tree_loss_and_alpha_returns_the_loss_and_its_alpha(name):
     assert not alpha.requires_grad
     torch.testing.assert_close(alpha, tree_alpha_reference(p_rows, q, rd, pk.row_index).detach())
     assert tree_loss_and_alpha(name, p_rows, q, rd, pk.row_index, with_alpha=False)[1] is None
+
+
+def test_e2e_tv_backend_dispatch_uses_triton_only_on_cuda(monkeypatch):
+    """``e2e_tv`` picks the Triton kernel for CUDA tensors (faster there, kernels_gpu.json) and the chunked torch
+    path on CPU; ``e2e_tv_fused`` always takes Triton. Checked by recording which backend runs."""
+    import specopd_kernels.losses.chunked as chunked_mod
+    import specopd_kernels.losses.fused as fused_mod
+    from specopd_kernels.losses.tree import _fused_is_faster
+
+    calls = []
+    monkeypatch.setattr(fused_mod, "fused_acceptance_alpha",
+                        lambda t, d: calls.append("fused") or tree_alpha_reference(t, d, torch.arange(len(d)),
+                                                                                    torch.arange(len(d))[None])[0])
+    real_chunked = chunked_mod.chunked_tree_alpha
+    monkeypatch.setattr(chunked_mod, "chunked_tree_alpha", lambda *a: calls.append("chunked") or real_chunked(*a))
+    p, q = torch.randn(3, 7), torch.randn(2, 7)
+    rd, idx = torch.tensor([0, 1, 1]), torch.tensor([[0, 1], [0, 2]])
+    tree_alpha(p, q, rd, idx, "e2e_tv")
+    tree_alpha(p, q, rd, idx, "e2e_tv_fused")
+    assert calls == ["chunked", "fused"]
+    assert _fused_is_faster(p) is False
+    assert _fused_is_faster(torch.empty(1, 1, device="meta")) is False
