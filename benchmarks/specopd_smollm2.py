@@ -69,15 +69,40 @@ def continued_sft_config(budget_tokens: int, g: int, lr: float):
 
 
 def specopd_config(budget_tokens: int, g: int, *, anchors_per_seq: int, branches: int, seqs_per_step: int,
-                   lr: float, temperature: float = 1.0):
+                   lr: float, temperature: float = 1.0, greedy_branch: bool = False, loss: str = "e2e_tv"):
     """The SpecOPD arm: seqs x anchors x branches x ``g`` supervised branch tokens per step, as many steps as the
     budget buys, every step logged, no mid-run checkpoints."""
     from specopd_trainer.loops.specopd import SpecOPDConfig
 
     per_step = seqs_per_step * anchors_per_seq * branches * g
     return SpecOPDConfig(anchors_per_seq=anchors_per_seq, branches=branches, seqs_per_step=seqs_per_step,
-                         temperature=temperature, lr=lr, warmup_steps=2, log_every=1, ckpt_every=10**6,
-                         steps=max(1, round(budget_tokens / per_step)))
+                         temperature=temperature, greedy_branch=greedy_branch, loss=loss, lr=lr, warmup_steps=2,
+                         log_every=1, ckpt_every=10**6, steps=max(1, round(budget_tokens / per_step)))
+
+
+def prepare_references(refs_dir: Path, tok, layer_ids, *, offset: int, per_domain: int, max_new_tokens: int,
+                       port: int) -> list:
+    """Greedy target responses (and their context features) for the train-split prompts ``[offset, offset +
+    per_domain)`` of every domain (:func:`specopd_trainer.pipeline.train_split_records`; the SFT start used the
+    first 100 per domain and the validation sweep uses 100..107, so the default offset 108 overlaps neither, nor
+    the eval split), from a plain SGLang server, cached under ``refs_dir`` (a re-run resumes). Returns every sequence (none is held out: evaluation
+    uses other prompts).
+
+    Why fresh references: the SFT start memorized its own training responses (greedy agreement with the target
+    on the first drafted slot 0.96 there vs 0.22 on held-out responses), so on-policy supervision at anchors of
+    those responses carries almost no signal. Every arm of the comparison trains on these same new prompts.
+    """
+    from sglang_specopd.config import ServeConfig
+    from sglang_specopd.launch import SGLangServer
+    from sglang_specopd.serve import config_path, launch_spec
+    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.pipeline import prepare_sequences, train_split_records
+
+    plain = ServeConfig.load(config_path("cpu-smollm2-plain"))
+    with SGLangServer(launch_spec(plain, port=port)) as server, SpecOPDClient(server.url) as client:
+        train, hold = prepare_sequences(client, tok, layer_ids, refs_dir, max_new_tokens=max_new_tokens,
+                                        records=train_split_records(offset, per_domain))
+    return hold + train
 
 
 def main(argv=None) -> int:
@@ -85,13 +110,23 @@ def main(argv=None) -> int:
     ap.add_argument("--sft-run", default="runs/sft_smollm2_big")
     ap.add_argument("--run-dir", default="runs/specopd_smollm2")
     ap.add_argument("--out", default="benchmarks/results/specopd_smollm2_cpu.json")
+    ap.add_argument("--refs-dir", default="runs/specopd_refs",
+                    help="fresh target responses every arm trains on (collected here once, then cached)")
+    ap.add_argument("--refs-offset", type=int, default=108)
+    ap.add_argument("--refs-per-domain", type=int, default=60)
     ap.add_argument("--budget-tokens", type=int, default=229376)
     ap.add_argument("--anchors", type=int, default=32)
     ap.add_argument("--branches", type=int, default=16)
     ap.add_argument("--seqs-per-step", type=int, default=2)
     ap.add_argument("--rollout-prompts", type=int, default=16)
     ap.add_argument("--rollout-tokens", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--temperature", type=float, default=1.0, help="SpecOPD branch sampling temperature")
+    ap.add_argument("--greedy-branch", action=argparse.BooleanOptionalAction, default=False,
+                    help="SpecOPD branch 0 is the argmax block (the served DFLASH proposal)")
+    ap.add_argument("--extra-losses", nargs="*", default=[], metavar="LOSS",
+                    help="also run SpecOPD with these proposal-tree losses (tv, fkl, rkl), reported as specopd_LOSS")
+    ap.add_argument("--lr", type=float, default=1e-3, help="peak LR of every arm (SpecOPD: see --specopd-lr)")
+    ap.add_argument("--specopd-lr", type=float, default=None, help="SpecOPD's peak LR (default: --lr)")
     ap.add_argument("--eval-limit", type=int, default=8)
     ap.add_argument("--eval-max-new-tokens", type=int, default=96)
     ap.add_argument("--server-threads", type=int, default=2,
@@ -116,12 +151,10 @@ def main(argv=None) -> int:
     from specopd_trainer.client import SpecOPDClient
     from specopd_trainer.collect import iter_responses
     from specopd_trainer.drafters.dflash import DFlashDrafter
-    from specopd_trainer.features import FeatureStore
     from specopd_trainer.loops.engine import run_training
     from specopd_trainer.loops.sequential_opd import Rollout, collect_rollouts, rollout_step
     from specopd_trainer.loops.sft import train_sft
     from specopd_trainer.loops.specopd_run import train_specopd
-    from specopd_trainer.pipeline import split_holdout
 
     torch.set_num_threads(2)
     os.environ["SPECOPD_CPU_SERVER_THREADS"] = str(args.server_threads)  # read by launch.server_env on CPU
@@ -134,9 +167,10 @@ def main(argv=None) -> int:
     sft_dir = sft_run / "drafter-sft"
     base = DFlashDrafter.from_pretrained(sft_dir, target)
     G = base.block_size - 1
-    store = FeatureStore(sft_run / "features", list(base.spec.target_layer_ids))
-    train_seqs, _ = split_holdout(store.load())
-    prompts = [list(r.prompt_ids) for r in iter_responses(sft_run / "responses.jsonl")]
+    refs_dir = Path(args.refs_dir)
+    train_seqs = prepare_references(refs_dir, tok, list(base.spec.target_layer_ids), offset=args.refs_offset,
+                                    per_domain=args.refs_per_domain, max_new_tokens=160, port=args.port + 1)
+    prompts = [list(r.prompt_ids) for r in iter_responses(refs_dir / "responses.jsonl")]
     cfg = ServeConfig.load(config_path("cpu-smollm2"))
     spec = launch_spec(cfg, port=args.port, drafter=str(sft_dir), admin_api_key=ADMIN_KEY)
     acceptance, tps, wall, tokens = {}, {}, {}, {}
@@ -157,7 +191,9 @@ def main(argv=None) -> int:
         # (b) SpecOPD: per step seqs x anchors x branches x G supervised branch tokens, one score_trees call
         b = copy.deepcopy(base)
         scfg = specopd_config(args.budget_tokens, G, anchors_per_seq=args.anchors, branches=args.branches,
-                              seqs_per_step=args.seqs_per_step, lr=args.lr)
+                              seqs_per_step=args.seqs_per_step, lr=args.specopd_lr or args.lr,
+                              temperature=args.temperature,
+                              greedy_branch=args.greedy_branch)
         t0 = time.monotonic()
         summary = train_specopd(b, client, train_seqs, run / "specopd", scfg)
         wall["specopd"], tokens["specopd"] = time.monotonic() - t0, summary["supervised_tokens"]
@@ -167,6 +203,20 @@ def main(argv=None) -> int:
         push(server.url, b, "specopd")
         acceptance["specopd"] = evaluate(server.url, tok, args.eval_max_new_tokens, limit=args.eval_limit)
         print("specopd", json.dumps(acceptance["specopd"]), file=sys.stderr)
+
+        # (b') the same branch-parallel SpecOPD with another loss of the registry (comparison only; floors use (b))
+        extra = {}
+        for loss_name in args.extra_losses:
+            name = f"specopd_{loss_name}"
+            shutil.rmtree(run / name, ignore_errors=True)
+            e = copy.deepcopy(base)
+            t0 = time.monotonic()
+            summary = train_specopd(e, client, train_seqs, run / name, scfg.model_copy(update={"loss": loss_name}))
+            wall[name], tokens[name] = time.monotonic() - t0, summary["supervised_tokens"]
+            push(server.url, e, name)
+            acceptance[name] = evaluate(server.url, tok, args.eval_max_new_tokens, limit=args.eval_limit)
+            extra[name] = e
+            print(name, json.dumps(acceptance[name]), file=sys.stderr)
 
         # (c) sequential-rollout OPD: push, real rollouts through the SPECOPD worker, score the recorded blocks
         c = copy.deepcopy(base)
@@ -217,7 +267,7 @@ def main(argv=None) -> int:
         acceptance["sequential_opd"] = evaluate(server.url, tok, args.eval_max_new_tokens, limit=args.eval_limit)
         print("sequential_opd", json.dumps(acceptance["sequential_opd"]), file=sys.stderr)
 
-    for name, d in (("sft_continued", a), ("specopd", b), ("sequential_opd", c)):
+    for name, d in (("sft_continued", a), ("specopd", b), ("sequential_opd", c), *extra.items()):
         d.save_pretrained(run / f"drafter-{name}", overwrite=True)
     # supervised tokens per second, three ways (all measured on the same machine, same server):
     #   end_to_end: whole training loop (supervision + drafter forward/backward + optimiser)
@@ -238,6 +288,9 @@ def main(argv=None) -> int:
     mean_gain = {t: acceptance["specopd"][t]["mean"] / acceptance["sft_continued"][t]["mean"] - 1 for t in ("T0", "T1")}
     payload = {
         "target": "SmolLM2-135M-Instruct", "start": str(sft_dir), "acceptance": acceptance,
+        "references": {"dir": str(refs_dir), "split": "train", "offset": args.refs_offset,
+                       "per_domain": args.refs_per_domain, "sequences": len(train_seqs),
+                       "response_tokens": sum(len(x.token_ids) - x.prompt_len for x in train_seqs)},
         "supervised_tokens_per_s": tps, "throughput_ratio": ratio, "throughput_ratios": ratios,
         "supervised_tokens_per_s_collection": tps_collect, "supervised_tokens_per_s_target_side": tps_target,
         "budget_target_tokens": args.budget_tokens, "supervised_tokens": tokens, "wall_s": wall,
@@ -267,12 +320,13 @@ def _plot(acceptance: dict, tps: dict, tps_collect: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    methods = ["sft_start", "sft_continued", "specopd", "sequential_opd"]
+    methods = ["sft_start", "sft_continued", "specopd", *[m for m in acceptance if m.startswith("specopd_")],
+               "sequential_opd"]
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     for ax, temp in zip(axes[:2], ("T0", "T1")):
-        width = 0.2
+        width = 0.8 / len(methods)
         for i, m in enumerate(methods):
-            ax.bar([x + (i - 1.5) * width for x in range(len(DOMAINS))],
+            ax.bar([x + (i - (len(methods) - 1) / 2) * width for x in range(len(DOMAINS))],
                    [acceptance[m][temp][d] for d in DOMAINS], width=width, label=m)
         ax.set_xticks(range(len(DOMAINS)), DOMAINS)
         ax.set_title(f"mean acceptance length (tau), {temp}")

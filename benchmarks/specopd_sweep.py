@@ -7,7 +7,10 @@ length at T=0 and T=1 on validation prompts: train-split prompts ``--val-offset 
 never used (it took the first ``--per-domain`` train-split prompts). Arms::
 
     sft:lr=5e-4                              continued SFT (8 sequences x 16 anchors per step)
-    specopd:A=32,K=8,S=1,lr=5e-4,temp=1.0    SpecOPD: anchors/seq, branches, seqs/step, LR, sampling temperature
+    specopd:A=32,K=8,S=1,lr=5e-4,temp=1.0,greedy=1
+                                             SpecOPD: anchors/seq, branches, seqs/step, LR, sampling temperature,
+                                             branch 0 = the argmax block (1) or sampled (0), loss
+                                             (e2e_tv by default; tv, fkl, rkl: the registry's tree losses)
 
     python benchmarks/specopd_sweep.py --sft-run runs/sft_smollm2_big --arms sft:lr=5e-4 specopd:A=64,K=4,S=1
 """
@@ -25,7 +28,8 @@ from pathlib import Path
 
 DOMAINS = ["dialogue", "coding", "math", "agentic"]
 ADMIN_KEY = "specopd-sweep-admin"
-SPECOPD_KEYS = {"A": "anchors_per_seq", "K": "branches", "S": "seqs_per_step", "lr": "lr", "temp": "temperature"}
+SPECOPD_KEYS = {"A": "anchors_per_seq", "K": "branches", "S": "seqs_per_step", "lr": "lr", "temp": "temperature",
+                "greedy": "greedy_branch", "loss": "loss"}
 
 
 def parse_arm(text: str) -> tuple[str, dict]:
@@ -39,19 +43,20 @@ def parse_arm(text: str) -> tuple[str, dict]:
         allowed = ("lr",) if kind == "sft" else tuple(SPECOPD_KEYS)
         if key not in allowed:
             raise ValueError(f"arm {text!r}: unknown key {key!r} (valid: {', '.join(allowed)})")
-        params[key] = float(value) if key in ("lr", "temp") else int(value)
+        if key == "loss":
+            params[key] = value  # validated by SpecOPDConfig (a proposal-tree loss of the registry)
+        elif key == "greedy":
+            params[key] = bool(int(value))
+        else:
+            params[key] = float(value) if key in ("lr", "temp") else int(value)
     return kind, params
 
 
 def validation_records(offset: int, limit: int) -> dict:
     """Per domain, train-split prompts [offset, offset+limit): unseen by an SFT run that used the first ``offset``."""
-    from specopd_trainer.data import load_domain, split
+    from specopd_trainer.pipeline import train_split_records
 
-    out = {}
-    for d in DOMAINS:
-        train, _ = split(load_domain(d), eval_fraction=0.1, seed=0)
-        out[d] = list(train[offset:offset + limit])
-    return out
+    return {d: train_split_records(offset, limit, [d]) for d in DOMAINS}
 
 
 def main(argv=None) -> int:
@@ -60,6 +65,10 @@ def main(argv=None) -> int:
     ap.add_argument("--run-dir", default="runs/specopd_sweep")
     ap.add_argument("--out", default="benchmarks/results/specopd_sweep_smollm2_cpu.json")
     ap.add_argument("--arms", nargs="+", required=True)
+    ap.add_argument("--refs-dir", default="runs/specopd_refs",
+                    help="fresh target responses the arms train on (as in the comparison; collected once, cached)")
+    ap.add_argument("--refs-offset", type=int, default=108)
+    ap.add_argument("--refs-per-domain", type=int, default=60)
     ap.add_argument("--budget-tokens", type=int, default=57344)
     ap.add_argument("--val-offset", type=int, default=100)
     ap.add_argument("--val-limit", type=int, default=8)
@@ -69,6 +78,9 @@ def main(argv=None) -> int:
     ap.add_argument("--port", type=int, default=31450)
     args = ap.parse_args(argv)
     arms = [parse_arm(a) for a in args.arms]
+    if args.val_offset < args.refs_offset + args.refs_per_domain and args.refs_offset < args.val_offset + args.val_limit:
+        ap.error(f"validation prompts [{args.val_offset}, {args.val_offset + args.val_limit}) overlap the training "
+                 f"references [{args.refs_offset}, {args.refs_offset + args.refs_per_domain})")
 
     import torch
     from transformers import AutoTokenizer
@@ -81,10 +93,9 @@ def main(argv=None) -> int:
     from sglang_specopd.serve import config_path, launch_spec
     from specopd_trainer.client import SpecOPDClient
     from specopd_trainer.drafters.dflash import DFlashDrafter
-    from specopd_trainer.features import FeatureStore
     from specopd_trainer.loops.sft import train_sft
     from specopd_trainer.loops.specopd_run import train_specopd
-    from specopd_trainer.pipeline import push_drafter, split_holdout
+    from specopd_trainer.pipeline import push_drafter
 
     torch.set_num_threads(2)
     os.environ["SPECOPD_CPU_SERVER_THREADS"] = str(args.server_threads)  # read by launch.server_env on CPU
@@ -94,7 +105,9 @@ def main(argv=None) -> int:
     sft_dir = sft_run / "drafter-sft"
     base = DFlashDrafter.from_pretrained(sft_dir, target)
     G = base.block_size - 1
-    train_seqs, _ = split_holdout(FeatureStore(sft_run / "features", list(base.spec.target_layer_ids)).load())
+    train_seqs = comparison.prepare_references(Path(args.refs_dir), tok, list(base.spec.target_layer_ids),
+                                               offset=args.refs_offset, per_domain=args.refs_per_domain,
+                                               max_new_tokens=160, port=args.port + 1)
     records = validation_records(args.val_offset, args.val_limit)
 
     def evaluate(url):
@@ -127,6 +140,8 @@ def main(argv=None) -> int:
             print(text, json.dumps({t: round(acc[t]["mean"], 4) for t in ("T0", "T1")}), f"{wall:.0f}s",
                   file=sys.stderr, flush=True)
     payload = {"target": "SmolLM2-135M-Instruct", "start": str(sft_dir), "budget_target_tokens": args.budget_tokens,
+               "references": {"dir": args.refs_dir, "offset": args.refs_offset, "per_domain": args.refs_per_domain,
+                              "sequences": len(train_seqs)},
                "validation": {"split": "train", "offset": args.val_offset, "limit_per_domain": args.val_limit,
                               "max_new_tokens": args.eval_max_new_tokens},
                "sft_start": start, "arms": results}

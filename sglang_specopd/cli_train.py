@@ -84,6 +84,8 @@ def train_specopd_cmd(
     branches: int = typer.Option(8, "--branches", min=1, help="Branches sampled from the drafter per anchor."),
     seqs_per_step: int = typer.Option(2, "--seqs-per-step", min=1, help="Reference sequences per step (per rank)."),
     temperature: float = typer.Option(1.0, "--temperature", help="Branch sampling temperature (> 0)."),
+    greedy_branch: bool = typer.Option(False, "--greedy-branch/--no-greedy-branch",
+                                       help="Branch 0 of every anchor is the argmax block (the served proposal)."),
     loss: str = typer.Option("e2e_tv", "--loss", help="Loss of the registry: e2e_tv, tv, fkl, rkl, e2e_tv_fused."),
     lr: float = typer.Option(3e-4, "--lr", help="Peak learning rate (AdamW)."),
     warmup: int = typer.Option(10, "--warmup", min=0, help="Warmup steps (then cosine decay)."),
@@ -104,7 +106,8 @@ def train_specopd_cmd(
         from specopd_trainer.loops.specopd_run import train_specopd
 
         cfg = _config(SpecOPDConfig, steps=steps, max_minutes=max_minutes, seqs_per_step=seqs_per_step,
-                      anchors_per_seq=anchors, branches=branches, temperature=temperature, loss=loss, lr=lr,
+                      anchors_per_seq=anchors, branches=branches, temperature=temperature,
+                      greedy_branch=greedy_branch, loss=loss, lr=lr,
                       warmup_steps=warmup, seed=seed, log_every=log_every, ckpt_every=ckpt_every,
                       push_every=push_every)
         _parse_domains(data)  # fail on a bad --data before touching the server

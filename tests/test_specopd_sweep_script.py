@@ -42,3 +42,41 @@ def test_validation_prompts_are_unseen_by_sft_and_disjoint_from_eval():
         ids = {r["id"] for r in recs}
         assert not ids & sft_ids
         assert not ids & {r["id"] for r in eval_records(d)}
+
+
+def test_parse_arm_greedy_branch_flag():
+    sweep = _sweep()
+    assert sweep.parse_arm("specopd:K=8,greedy=1") == ("specopd", {"K": 8, "greedy": True})
+    assert sweep.parse_arm("specopd:greedy=0") == ("specopd", {"greedy": False})
+    assert sweep.SPECOPD_KEYS["greedy"] == "greedy_branch"
+    assert sweep.parse_arm("specopd:loss=fkl") == ("specopd", {"loss": "fkl"})
+
+
+def test_fresh_references_are_disjoint_from_sft_validation_and_eval_prompts():
+    """The comparison's training references (offset 108) overlap neither the SFT start's prompts (first 100 per
+    domain), the validation prompts (100..107) nor the eval split; dialogue has 144 train prompts, so 36."""
+    from specopd_trainer.data import load_domain, split
+    from specopd_trainer.evaluate import eval_records
+    from specopd_trainer.pipeline import train_split_records
+
+    refs = train_split_records(offset=108, per_domain=60)
+    by_domain = {}
+    for r in refs:
+        by_domain.setdefault(r["domain"], set()).add(r["id"])
+    assert {d: len(v) for d, v in by_domain.items()} == {"dialogue": 36, "coding": 60, "math": 60, "agentic": 60}
+    val = _sweep().validation_records(offset=100, limit=8)
+    for d, ids in by_domain.items():
+        train, _ = split(load_domain(d), eval_fraction=0.1, seed=0)
+        assert not ids & {r["id"] for r in train[:100]}
+        assert not ids & {r["id"] for r in val[d]}
+        assert not ids & {r["id"] for r in eval_records(d)}
+
+
+def test_sweep_refuses_validation_prompts_inside_the_references(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "specopd_sweep.py"), "--arms", "sft",
+                        "--val-offset", "110", "--out", str(tmp_path / "x.json")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "overlap the training references [108, 168)" in r.stderr

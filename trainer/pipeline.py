@@ -19,21 +19,31 @@ def prepare_sequences(client, tokenizer, layer_ids: Sequence[int], run_dir: str 
     offline greedy-walk tau. Evaluation prompts (the eval split) never enter either list.
     """
     from specopd_trainer.collect import iter_responses, regenerate
-    from specopd_trainer.data import load_domain, split
     from specopd_trainer.features import FeatureStore
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if records is None:
-        records = []
-        for d in domains:
-            train, _ = split(load_domain(d), eval_fraction=0.1, seed=0)
-            records += train[:per_domain]
+        records = train_split_records(0, per_domain, domains)
     cache = run_dir / "responses.jsonl"
     regenerate(client, tokenizer, records, cache, max_new_tokens=max_new_tokens, concurrency=concurrency)
     store = FeatureStore(run_dir / "features", list(layer_ids))
     store.build(client, iter_responses(cache))
     return split_holdout(store.load())
+
+
+def train_split_records(offset: int, per_domain: int, domains: Sequence[str] = DOMAINS) -> List[dict]:
+    """Prompt records ``[offset, offset + per_domain)`` of each domain's TRAIN split (fewer where it is shorter),
+    in domain order. Disjoint ranges give disjoint prompt sets: the SFT data (``[0, per_domain)`` in
+    :func:`prepare_sequences`), validation and fresh reference sets are carved out this way; the eval split never
+    enters."""
+    from specopd_trainer.data import load_domain, split
+
+    out: List[dict] = []
+    for d in domains:
+        train, _ = split(load_domain(d), eval_fraction=0.1, seed=0)
+        out += list(train[offset:offset + per_domain])
+    return out
 
 
 def split_holdout(seqs: List) -> Tuple[List, List]:

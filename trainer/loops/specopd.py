@@ -4,7 +4,8 @@ One step (SpecOPD paper; formulas in the shared algorithm notes):
 1. drafter forward at ``anchors_per_seq`` reference anchors of each sequence (training mask, all anchors at once)
    -> per anchor the drafter's slot distributions q_1..q_G (G = block_size - 1; DFlash drafts every slot in
    parallel, so slot i's distribution does not depend on the sampled tokens of slots < i);
-2. K branches per anchor sampled from q at ``temperature`` (no gradient), the drafter's own proposals;
+2. K branches per anchor sampled from q at ``temperature`` (no gradient), the drafter's own proposals; with
+   ``greedy_branch`` branch 0 is the argmax block instead, the block the served DFLASH worker proposes;
 3. ONE ``/specopd/score_trees`` call for the whole step: every branch of every anchor packed into proposal trees
    sharing the reference prefix, branches that share leading tokens sharing tree nodes (a trie per anchor); the target's final hidden states come back and the trainer applies the frozen
    target LM head, giving p_1 (anchor row) and p_{i+1} (row of branch token i) on the branch's own history;
@@ -34,6 +35,9 @@ class SpecOPDConfig(BaseModel):
     anchors_per_seq: int = Field(default=32, ge=1)
     branches: int = Field(default=8, ge=1)
     temperature: float = Field(default=1.0, gt=0)
+    greedy_branch: bool = Field(
+        default=False, description="branch 0 of every anchor is the argmax block (what SGLang's DFLASH worker "
+                                   "proposes at every temperature); the other branches are sampled")
     loss: str = "e2e_tv"
     lr: float = Field(default=3e-4, gt=0)
     warmup_steps: int = Field(default=10, ge=0)
@@ -120,7 +124,10 @@ def specopd_step(drafter, client, seqs: List, cfg: SpecOPDConfig, gen: torch.Gen
             continue
         logits, _ = drafter.logits(s.features.float(), s.token_ids, anchors)  # [A, B, V]
         q = logits[:, 1:]  # slots 1..G
-        packed = pack_branches(sample_branches(q, cfg.branches, cfg.temperature, gen), g - 1)
+        branches = sample_branches(q, cfg.branches, cfg.temperature, gen)  # [A, K, G]
+        if cfg.greedy_branch:
+            branches[:, 0] = q.detach().argmax(dim=-1)
+        packed = pack_branches(branches, g - 1)
         per_seq.append((s, anchors, q, packed))
     if not per_seq:
         raise ValueError("no sequence of this step has a response position to anchor at")

@@ -1,0 +1,47 @@
+"""One SpecOPD step against a stand-in scorer: the greedy branch option and the request/row bookkeeping."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from _sft_fixture import tiny_drafter, tiny_sequences
+
+
+class _Scorer:
+    """Stands in for ``SpecOPDClient.score_trees``: records the request, returns random final hidden states with
+    one row per anchor plus one per tree node (the endpoint's row layout)."""
+
+    def __init__(self):
+        self.requests = []
+
+    def score_trees(self, req):
+        self.requests.append(req)
+        g = torch.Generator().manual_seed(len(self.requests))
+        return [SimpleNamespace(hidden=torch.randn(len(r.trees) + sum(len(t.tokens) for t in r.trees), 32,
+                                                   generator=g)) for r in req.references]
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_greedy_branch_is_the_argmax_block(monkeypatch, greedy):
+    import specopd_trainer.loops.branch_tree as bt
+    from specopd_trainer.loops.specopd import SpecOPDConfig, specopd_step
+
+    seen = []
+    real = bt.pack_branches
+    monkeypatch.setattr(bt, "pack_branches", lambda branches, depth: seen.append(branches.clone()) or
+                        real(branches, depth))
+    drafter, seqs, scorer = tiny_drafter(), tiny_sequences(2), _Scorer()
+    cfg = SpecOPDConfig(anchors_per_seq=5, branches=6, seqs_per_step=2, temperature=100.0, greedy_branch=greedy)
+    loss, m = specopd_step(drafter, scorer, seqs, cfg, torch.Generator().manual_seed(0))
+    assert torch.isfinite(loss) and 0.0 <= loss.item() <= 1.0
+    g = drafter.block_size - 1
+    assert m["supervised_tokens"] == 2 * 5 * 6 * g and len(scorer.requests) == 1
+    for s, branches, ref in zip(seqs, seen, scorer.requests[0].references):
+        anchors = torch.tensor([t.anchor for t in ref.trees])
+        with torch.no_grad():
+            argmax = drafter.logits(s.features.float(), s.token_ids, anchors)[0][:, 1:].argmax(-1)  # [A, G]
+        assert branches.shape == (5, 6, g)
+        assert torch.equal(branches[:, 0], argmax) is greedy  # sampled at temperature 100: not all argmax
