@@ -73,6 +73,9 @@ def main(argv=None) -> int:
     ap.add_argument("--val-offset", type=int, default=100)
     ap.add_argument("--val-limit", type=int, default=8)
     ap.add_argument("--eval-max-new-tokens", type=int, default=96)
+    ap.add_argument("--eval-split", action="store_true",
+                    help="measure on the held-out EVAL split (--val-limit prompts per domain) instead of validation "
+                         "prompts: for reporting arms already chosen on validation, never for choosing them")
     ap.add_argument("--server-threads", type=int, default=2,
                     help="CPU server intra-op threads (the trainer waits while the server works, so both cores)")
     ap.add_argument("--port", type=int, default=31450)
@@ -108,9 +111,11 @@ def main(argv=None) -> int:
     train_seqs = comparison.prepare_references(Path(args.refs_dir), tok, list(base.spec.target_layer_ids),
                                                offset=args.refs_offset, per_domain=args.refs_per_domain,
                                                max_new_tokens=160, port=args.port + 1)
-    records = validation_records(args.val_offset, args.val_limit)
+    records = None if args.eval_split else validation_records(args.val_offset, args.val_limit)
 
     def evaluate(url):
+        if args.eval_split:
+            return comparison.evaluate(url, tok, args.eval_max_new_tokens, limit=args.val_limit)
         return comparison.evaluate(url, tok, args.eval_max_new_tokens, records=records)
 
     spec = launch_spec(ServeConfig.load(config_path("cpu-smollm2")), port=args.port, drafter=str(sft_dir),
@@ -142,8 +147,10 @@ def main(argv=None) -> int:
     payload = {"target": "SmolLM2-135M-Instruct", "start": str(sft_dir), "budget_target_tokens": args.budget_tokens,
                "references": {"dir": args.refs_dir, "offset": args.refs_offset, "per_domain": args.refs_per_domain,
                               "sequences": len(train_seqs)},
-               "validation": {"split": "train", "offset": args.val_offset, "limit_per_domain": args.val_limit,
-                              "max_new_tokens": args.eval_max_new_tokens},
+               "validation": ({"split": "eval", "limit_per_domain": args.val_limit,
+                               "max_new_tokens": args.eval_max_new_tokens} if args.eval_split else
+                              {"split": "train", "offset": args.val_offset, "limit_per_domain": args.val_limit,
+                               "max_new_tokens": args.eval_max_new_tokens}),
                "sft_start": start, "arms": results}
     write_result(args.out, payload, command="python " + " ".join(sys.argv))
     print(f"wrote {args.out}", file=sys.stderr)
