@@ -355,9 +355,12 @@ def test_report_sweeps_and_gpu_kernels(tmp_path: Path) -> None:
         "tree_alpha": [{"target_rows": 4224, "vocab": 151936, "dtype": "float32", "fused_speedup": 2.25,
                         "chunked_speedup": 0.61}],
         "tree_attention": [{"tokens": 9216, "dtype": "torch.bfloat16", "max_abs_diff": 0.0039, "speedup": 9.1}]}))
+    (tmp_path / "specopd_sweep_eval_smollm2_cpu.json").write_text(json.dumps(
+        {"arms": [arm], "validation": {"split": "eval", "limit_per_domain": 8}, "references": {"offset": 108}}))
     results, _ = load_results(tmp_path)
     md = "\n".join(_other_sections(results))
-    assert md.count("| `sft:lr=1e-3` | 1.390 | 1.160 | 321 |") == 2
+    assert "Held-out eval prompts: 8 per domain (arms chosen on validation)" in md
+    assert md.count("| `sft:lr=1e-3` | 1.390 | 1.160 | 321 |") == 3
     assert "trained on the SFT start's own training responses" in md
     assert "trained on fresh references (train-split prompts from offset 108, 211 responses)" in md
     assert "| fused alpha 8 x 49152 | bfloat16 | 0.0000001 | 0.000100 | 7.90x |" in md

@@ -68,10 +68,14 @@ def _sweep_section(name: str, data: Optional[Mapping[str, Any]]) -> List[str]:
     trained_on = (f"fresh references (train-split prompts from offset {refs.get('offset', '?')}, "
                   f"{refs.get('sequences', '?')} responses)" if isinstance(refs, Mapping)
                   else "the SFT start's own training responses")
+    if val.get("split") == "eval":
+        prompts = f"Held-out eval prompts: {val.get('limit_per_domain', '?')} per domain (arms chosen on validation)"
+    else:
+        prompts = (f"Validation prompts: {val.get('limit_per_domain', '?')} per domain from the train split at offset "
+                   f"{val.get('offset', '?')}")
     out = [f"### `{name}`", "", f"Produced by {_provenance(data)}.", "",
-           f"Validation prompts: {val.get('limit_per_domain', '?')} per domain from the train split at offset "
-           f"{val.get('offset', '?')}; budget {data.get('budget_target_tokens', '?')} supervised tokens per arm; "
-           f"arms trained on {trained_on}.", "",
+           f"{prompts}; budget {data.get('budget_target_tokens', '?')} supervised tokens per arm; arms trained on "
+           f"{trained_on}.", "",
            "| arm | T0 mean tau | T1 mean tau | train wall s |", "|---|---:|---:|---:|",
            f"| SFT start | {_f(_get(data, 'sft_start', 'T0', 'mean'), 3)} | "
            f"{_f(_get(data, 'sft_start', 'T1', 'mean'), 3)} | - |"]
