@@ -1,22 +1,16 @@
 """benchmarks/sft_memorization.py: the first-slot fit statistics on a case whose answers are known."""
 
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from _scripts import load_benchmark
 from _sft_fixture import tiny_drafter, tiny_sequences
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("sft_memorization", ROOT / "benchmarks" / "sft_memorization.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("sft_memorization")
 
 
 class _Target:
