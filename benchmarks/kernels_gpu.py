@@ -56,6 +56,26 @@ def _timed(fn, device: str, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _value_grad_time(fns: dict, t, d0, device: str, repeats: int) -> dict:
+    """Per name in ``fns`` (``fn(target, draft) -> alpha``): (alpha fp32, d sum(alpha) / d draft fp32) and the
+    median forward + backward seconds under ``name + "_s"``."""
+    import torch
+
+    res = {}
+    for name, fn in fns.items():
+        d = d0.clone().requires_grad_(True)
+        a = fn(t, d)
+        (g,) = torch.autograd.grad(a.sum(), d)
+        res[name] = (a.detach().float(), g.float())
+
+        def fwd_bwd(fn=fn):
+            dd = d0.clone().requires_grad_(True)
+            torch.autograd.grad(fn(t, dd).sum(), dd)
+
+        res[name + "_s"] = _timed(fwd_bwd, device, repeats)
+    return res
+
+
 def alpha_cases(device: str, small: bool, repeats: int) -> list:
     import torch
 
@@ -68,18 +88,8 @@ def alpha_cases(device: str, small: bool, repeats: int) -> list:
             gen = torch.Generator(device="cpu").manual_seed(rows + vocab)
             t = (torch.randn(rows, vocab, generator=gen) * 3).to(device, dtype)
             d0 = (t.float() + torch.randn(rows, vocab, generator=gen).to(device)).to(dtype)
-            res = {}
-            for name, fn in (("fused", fused_acceptance_alpha), ("reference", acceptance_alpha)):
-                d = d0.clone().requires_grad_(True)
-                a = fn(t, d)
-                (g,) = torch.autograd.grad(a.sum(), d)
-                res[name] = (a.detach().float(), g.float())
-
-                def fwd_bwd(fn=fn):
-                    dd = d0.clone().requires_grad_(True)
-                    torch.autograd.grad(fn(t, dd).sum(), dd)
-
-                res[name + "_s"] = _timed(fwd_bwd, device, repeats)
+            res = _value_grad_time({"fused": fused_acceptance_alpha, "reference": acceptance_alpha}, t, d0, device,
+                                   repeats)
             out.append({"rows": rows, "vocab": vocab, "dtype": str(dtype).replace("torch.", ""),
                         "max_abs_alpha_diff": float((res["fused"][0] - res["reference"][0]).abs().max()),
                         "max_abs_grad_diff": float((res["fused"][1] - res["reference"][1]).abs().max()),
@@ -108,20 +118,9 @@ def tree_alpha_cases(device: str, small: bool, repeats: int) -> list:
             t = (torch.randn(r, vocab, generator=gen) * 3).to(device, dtype)
             d0 = (torch.randn(q_rows, vocab, generator=gen) * 3).to(device, dtype)
             rd, ri = row_draft.to(device), row_index.to(device)
-            res = {}
-            for name, fn in (("chunked", lambda t, d: chunked_tree_alpha(t, d, rd)[ri]),
-                             ("fused", lambda t, d: tree_alpha(t, d, rd, ri, "e2e_tv_fused")),
-                             ("reference", lambda t, d: tree_alpha_reference(t, d, rd, ri))):
-                d = d0.clone().requires_grad_(True)
-                al = fn(t, d)
-                (gr,) = torch.autograd.grad(al.sum(), d)
-                res[name] = (al.detach().float(), gr.float())
-
-                def fwd_bwd(fn=fn):
-                    dd = d0.clone().requires_grad_(True)
-                    torch.autograd.grad(fn(t, dd).sum(), dd)
-
-                res[name + "_s"] = _timed(fwd_bwd, device, repeats)
+            res = _value_grad_time({"chunked": lambda t, d: chunked_tree_alpha(t, d, rd)[ri],
+                                    "fused": lambda t, d: tree_alpha(t, d, rd, ri, "e2e_tv_fused"),
+                                    "reference": lambda t, d: tree_alpha_reference(t, d, rd, ri)}, t, d0, device, repeats)
             row = {"anchors": a, "slots": g, "branches": k, "target_rows": r, "draft_rows": q_rows, "vocab": vocab,
                    "dtype": str(dtype).replace("torch.", ""), "reference_fwd_bwd_s": res["reference_s"]}
             for name in ("chunked", "fused"):

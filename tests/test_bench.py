@@ -334,6 +334,39 @@ def test_report_machine_line_without_machine_info(tmp_path: Path) -> None:
     assert _provenance({"machine": {"cpu": "X", "cores": 4, "gpu": None}}).endswith("; X, 4 cores, no GPU")
     assert _provenance({"machine": {"cpu": "X", "cores": 4}}).endswith("; X, 4 cores, GPU unknown")
     assert _provenance({"machine": {"cpu": "X", "cores": 4, "gpu": "H200"}}).endswith("; X, 4 cores, H200")
+    assert "at commit `0123456789ab + uncommitted changes`" in _provenance({"git_commit": "0123456789abcdef+dirty"})
+    assert "at commit `0123456789ab`," in _provenance({"git_commit": "0123456789abcdef"})
+
+
+def test_report_sweeps_and_gpu_kernels(tmp_path: Path) -> None:
+    """Every specopd_sweep*_smollm2_cpu.json gets its own section (saying what the arms trained on), and the GPU
+    kernel check gets a parity / speed-up table."""
+    import json
+
+    from sglang_specopd.bench.report import _other_sections, load_results
+
+    arm = {"arm": "sft:lr=1e-3", "acceptance": {"T0": {"mean": 1.39}, "T1": {"mean": 1.16}}, "train_wall_s": 321}
+    (tmp_path / "specopd_sweep_smollm2_cpu.json").write_text(json.dumps({"arms": [arm]}))
+    (tmp_path / "specopd_sweep_fresh_smollm2_cpu.json").write_text(json.dumps(
+        {"arms": [arm], "references": {"offset": 108, "sequences": 211}}))
+    (tmp_path / "kernels_gpu.json").write_text(json.dumps({
+        "alpha": [{"rows": 8, "vocab": 49152, "dtype": "bfloat16", "max_abs_alpha_diff": 1e-7,
+                   "max_abs_grad_diff": 1e-4, "speedup": 7.9}],
+        "tree_alpha": [{"target_rows": 4224, "vocab": 151936, "dtype": "float32", "fused_speedup": 2.25,
+                        "chunked_speedup": 0.61}],
+        "tree_attention": [{"tokens": 9216, "dtype": "torch.bfloat16", "max_abs_diff": 0.0039, "speedup": 9.1}]}))
+    (tmp_path / "specopd_sweep_eval_smollm2_cpu.json").write_text(json.dumps(
+        {"arms": [arm], "validation": {"split": "eval", "limit_per_domain": 8}, "references": {"offset": 108}}))
+    results, _ = load_results(tmp_path)
+    md = "\n".join(_other_sections(results))
+    assert "Held-out eval prompts: 8 per domain (arms chosen on validation)" in md
+    assert md.count("| `sft:lr=1e-3` | 1.390 | 1.160 | 321 |") == 3
+    assert "trained on the SFT start's own training responses" in md
+    assert "trained on fresh references (train-split prompts from offset 108, 211 responses)" in md
+    assert "| fused alpha 8 x 49152 | bfloat16 | 0.0000001 | 0.000100 | 7.90x |" in md
+    assert "| tree alpha (fused) 4224 rows x 151936 | float32 | - | - | 2.25x |" in md
+    assert "| tree alpha (chunked) 4224 rows x 151936 | float32 | - | - | 0.61x |" in md
+    assert "| grouped tree attention 9216 tokens | torch.bfloat16 | 0.00390 | - | 9.10x |" in md
 
 
 @pytest.mark.parametrize("readme_text", [None, "# no markers\n"])

@@ -1,18 +1,16 @@
 """benchmarks/specopd_sweep.py: arm parsing and the validation prompts (disjoint from eval and SFT prompts)."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from _scripts import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _sweep():
-    spec = importlib.util.spec_from_file_location("specopd_sweep", ROOT / "benchmarks" / "specopd_sweep.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("specopd_sweep")
 
 
 def test_parse_arm():
