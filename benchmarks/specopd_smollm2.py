@@ -85,12 +85,12 @@ def prepare_references(refs_dir: Path, tok, layer_ids, *, offset: int, per_domai
     """Greedy target responses (and their context features) for the train-split prompts ``[offset, offset +
     per_domain)`` of every domain (:func:`specopd_trainer.pipeline.train_split_records`; the SFT start used the
     first 100 per domain and the validation sweep uses 100..107, so the default offset 108 overlaps neither, nor
-    the eval split), from a plain SGLang server, cached under ``refs_dir`` (a re-run resumes). Returns every sequence (none is held out: evaluation
-    uses other prompts).
+    the eval split), from a plain SGLang server, cached under ``refs_dir`` (a re-run resumes). Returns every
+    sequence (none is held out: evaluation uses other prompts).
 
-    Why fresh references: the SFT start memorized its own training responses (greedy agreement with the target
-    on the first drafted slot 0.96 there vs 0.22 on held-out responses), so on-policy supervision at anchors of
-    those responses carries almost no signal. Every arm of the comparison trains on these same new prompts.
+    Why fresh references: the SFT start memorized its own training responses (first-slot greedy agreement with
+    the target 0.96 there vs 0.18 on held-out responses, ``benchmarks/sft_memorization.py``), so on-policy
+    supervision at anchors of those responses carries almost no signal. Every arm trains on these new prompts.
     """
     from sglang_specopd.config import ServeConfig
     from sglang_specopd.launch import SGLangServer

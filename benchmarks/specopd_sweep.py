@@ -113,10 +113,9 @@ def main(argv=None) -> int:
                                                max_new_tokens=160, port=args.port + 1)
     records = None if args.eval_split else validation_records(args.val_offset, args.val_limit)
 
-    def evaluate(url):
-        if args.eval_split:
-            return comparison.evaluate(url, tok, args.eval_max_new_tokens, limit=args.val_limit)
-        return comparison.evaluate(url, tok, args.eval_max_new_tokens, records=records)
+    def evaluate(url):  # eval split: val_limit prompts per domain; else the validation records
+        return comparison.evaluate(url, tok, args.eval_max_new_tokens, records=records,
+                                   limit=args.val_limit if args.eval_split else None)
 
     spec = launch_spec(ServeConfig.load(config_path("cpu-smollm2")), port=args.port, drafter=str(sft_dir),
                        admin_api_key=ADMIN_KEY)
@@ -147,10 +146,9 @@ def main(argv=None) -> int:
     payload = {"target": "SmolLM2-135M-Instruct", "start": str(sft_dir), "budget_target_tokens": args.budget_tokens,
                "references": {"dir": args.refs_dir, "offset": args.refs_offset, "per_domain": args.refs_per_domain,
                               "sequences": len(train_seqs)},
-               "validation": ({"split": "eval", "limit_per_domain": args.val_limit,
-                               "max_new_tokens": args.eval_max_new_tokens} if args.eval_split else
-                              {"split": "train", "offset": args.val_offset, "limit_per_domain": args.val_limit,
-                               "max_new_tokens": args.eval_max_new_tokens}),
+               "validation": {"split": "eval" if args.eval_split else "train",
+                              **({} if args.eval_split else {"offset": args.val_offset}),
+                              "limit_per_domain": args.val_limit, "max_new_tokens": args.eval_max_new_tokens},
                "sft_start": start, "arms": results}
     write_result(args.out, payload, command="python " + " ".join(sys.argv))
     print(f"wrote {args.out}", file=sys.stderr)
