@@ -15,6 +15,8 @@ time and otherwise defers to SGLang's original code, so nothing here changes GPU
 6. (device-independent, so it lives in :mod:`sglang_specopd.fixes`): DFLASH under ``--dtype float32``.
 7. Lossless DFLASH sampling verification (temperature > 0): SGLang has no CPU op and silently falls back to
    greedy verification; :mod:`sglang_specopd.cpu.sampling_verify` provides the op in torch.
+8. Chain verification of SAMPLED draft blocks (:mod:`sglang_specopd.sampled_drafts`) uses SGLang's
+   ``accept_sampling``, whose kernel is Triton; :mod:`sglang_specopd.cpu.chain_sampling` provides it in torch.
 """
 
 from __future__ import annotations
@@ -163,4 +165,7 @@ def register_cpu_adaptations() -> None:
     from sglang_specopd.cpu.sampling_verify import install as install_sampling_verify
 
     install_sampling_verify()
+    from sglang_specopd.cpu.chain_sampling import install as install_chain_sampling
+
+    install_chain_sampling()
     logger.info("sglang-specopd: CPU adaptations registered")
