@@ -100,7 +100,7 @@ def test_tree_alpha_hand_case():
     assert tree_loss("e2e_tv", p, q, torch.tensor([0, 0]), idx).item() == pytest.approx(0.0)
 
 
-@pytest.mark.parametrize("name", ["e2e_tv", "tv", "fkl", "rkl"])
+@pytest.mark.parametrize("name", ["e2e_tv", "e2e_fkl", "tv", "fkl", "rkl"])
 def test_tree_loss_equals_expanded_branches(name):
     torch.manual_seed(1)
     a, k, g, v = 3, 5, 4, 11

@@ -13,7 +13,8 @@ sampled history). So the loss is computed on the R distinct rows and gathered to
 which equals :func:`specopd_kernels.losses.naive.e2e_tv_loss` on the expanded ``[N, G, V]`` tensors, value
 and gradient (a row used by m branches receives m times the gradient), at R/(N*G) of the softmax/min cost.
 Per-token losses (tv, fkl, rkl) are the mean over the N*G (branch, slot) pairs, i.e. a multiplicity-weighted
-mean over rows.
+mean over rows. E2E-KL (:mod:`.e2e_kl`) weights each (branch, slot) KL by its detached acceptance weight c[n, i]
+(the branch's alphas), scattered onto the rows.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ from typing import Callable, Dict
 
 import torch
 
+from .e2e_kl import acceptance_weights
 from .naive import e2e_tv_from_alpha, forward_kl, reverse_kl, tv_loss
 
 __all__ = ["TREE_LOSSES", "tree_loss", "tree_loss_and_alpha", "tree_alpha", "tree_alpha_reference"]
 
 
 _PER_TOKEN: Dict[str, Callable] = {"tv": tv_loss, "fkl": forward_kl, "rkl": reverse_kl}
-TREE_LOSSES = ("e2e_tv", "e2e_tv_fused", *_PER_TOKEN)
+TREE_LOSSES = ("e2e_tv", "e2e_tv_fused", "e2e_fkl", *_PER_TOKEN)
 
 
 def _check_index(index: torch.Tensor, bound: int, dims: int, name: str) -> None:
@@ -115,6 +117,14 @@ def tree_loss_and_alpha(name: str, target_rows: torch.Tensor, draft_logits: torc
         alpha = tree_alpha(target_rows, draft_logits, row_draft, row_index, name)
         return e2e_tv_from_alpha(alpha), (alpha.detach() if with_alpha else None)
     _check(target_rows, draft_logits, row_draft, row_index)
+    if name == "e2e_fkl":
+        with torch.no_grad():
+            alpha = tree_alpha(target_rows, draft_logits.detach(), row_draft, row_index)
+        weights = acceptance_weights(alpha) / alpha.shape[1]  # [N, G]
+        w_rows = torch.zeros(target_rows.shape[0], dtype=torch.float32, device=target_rows.device)
+        w_rows.index_add_(0, row_index.reshape(-1), weights.reshape(-1))
+        per_row = forward_kl(target_rows, draft_logits[row_draft], reduction="none")  # [R]
+        return (w_rows * per_row).sum() / max(row_index.shape[0], 1), (alpha if with_alpha else None)
     per_row = _PER_TOKEN[name](target_rows, draft_logits[row_draft], reduction="none")  # [R]
     mult = torch.bincount(row_index.reshape(-1), minlength=target_rows.shape[0]).to(per_row.dtype)
     loss = (per_row * mult).sum() / mult.sum().clamp(min=1)
