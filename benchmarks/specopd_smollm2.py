@@ -123,6 +123,8 @@ def main(argv=None) -> int:
     ap.add_argument("--temperature", type=float, default=1.0, help="SpecOPD branch sampling temperature")
     ap.add_argument("--greedy-branch", action=argparse.BooleanOptionalAction, default=False,
                     help="SpecOPD branch 0 is the argmax block (the served DFLASH proposal)")
+    ap.add_argument("--loss", default="e2e_tv",
+                    help="SpecOPD's proposal-tree loss (e2e_tv, e2e_fkl, tv, fkl, rkl; see specopd_kernels.losses)")
     ap.add_argument("--extra-losses", nargs="*", default=[], metavar="LOSS",
                     help="also run SpecOPD with these proposal-tree losses (tv, fkl, rkl), reported as specopd_LOSS")
     ap.add_argument("--lr", type=float, default=1e-3, help="peak LR of every arm (SpecOPD: see --specopd-lr)")
@@ -193,7 +195,7 @@ def main(argv=None) -> int:
         scfg = specopd_config(args.budget_tokens, G, anchors_per_seq=args.anchors, branches=args.branches,
                               seqs_per_step=args.seqs_per_step, lr=args.specopd_lr or args.lr,
                               temperature=args.temperature,
-                              greedy_branch=args.greedy_branch)
+                              greedy_branch=args.greedy_branch, loss=args.loss)
         t0 = time.monotonic()
         summary = train_specopd(b, client, train_seqs, run / "specopd", scfg)
         wall["specopd"], tokens["specopd"] = time.monotonic() - t0, summary["supervised_tokens"]

@@ -200,3 +200,37 @@ def test_single_token_request_has_empty_trace(tiny_specopd_server) -> None:
     assert len(resp["output_ids"]) == 1
     assert resp["meta_info"].get(TRACE_KEY) in ([], None)
     assert not resp["meta_info"].get("spec_verify_ct")
+
+
+def test_sampled_drafts_are_lossless_and_vary(tiny_plain_outputs, tiny_specopd_server) -> None:
+    """temperature 1 with top_p ~0: the target side is one-hot (top-p keeps only its argmax) while the request is
+    not greedy, so the worker SAMPLES its drafts from q at T=1 (sglang_specopd.sampled_drafts) and verifies them
+    with min(1, p/q). Lossless: the output is the greedy output. Sampled: proposals at the same verify step differ
+    between repeats (greedy DFLASH drafts would repeat exactly)."""
+    prompt = TINY_PROMPTS[0]
+    first_steps = set()
+    for _ in range(4):
+        resp = tiny_specopd_server.generate(prompt, TINY_NEW_TOKENS, trace=True, temperature=1.0, top_p=1e-6)
+        assert resp["output_ids"] == tiny_plain_outputs[prompt]
+        records = check_trace(resp, TINY_BLOCK_SIZE, TINY_NEW_TOKENS)
+        first_steps.add(tuple(records[0]["proposed"]))
+    assert len(first_steps) > 1, f"identical proposals over 4 sampled repeats: {first_steps}"
+    greedy = [tuple(tiny_specopd_server.generate(prompt, 8, trace=True)["meta_info"][TRACE_KEY][0]["proposed"])
+              for _ in range(2)]
+    assert greedy[0] == greedy[1], "temperature-0 drafts must stay the argmax"
+
+
+def test_mixed_greedy_and_sampled_batch_stays_lossless(tiny_plain_outputs, tiny_specopd_server) -> None:
+    """Greedy requests batched with sampled-draft requests (T=1, top_p ~0): greedy rows keep argmax drafts and a
+    one-hot q, sampled rows draw from q; every output is still the plain greedy output."""
+    jobs = [(p, sampled) for p in TINY_PROMPTS for sampled in (False, True)]
+
+    def run(job):
+        prompt, sampled = job
+        extra = {"temperature": 1.0, "top_p": 1e-6} if sampled else {}
+        return tiny_specopd_server.generate(prompt, TINY_NEW_TOKENS, **extra)
+
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        results = list(pool.map(run, jobs))
+    for (prompt, sampled), resp in zip(jobs, results):
+        assert resp["output_ids"] == tiny_plain_outputs[prompt], (prompt, sampled)
