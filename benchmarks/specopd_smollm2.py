@@ -149,6 +149,7 @@ def main(argv=None) -> int:
     from sglang_specopd.launch import SGLangServer
     from sglang_specopd.models import prepare_model
     from sglang_specopd.results import write_result
+    from sglang_specopd.sampled_drafts import draft_sampling_mode
     from sglang_specopd.serve import config_path, launch_spec
     from specopd_trainer.client import SpecOPDClient
     from specopd_trainer.collect import iter_responses
@@ -243,7 +244,7 @@ def main(argv=None) -> int:
                 recs = [x for x in r.records if x["anchor"] < len(r.token_ids)][:left]
                 left -= len(recs)
                 kept.append(Rollout(r.token_ids, r.prompt_len, recs))
-            loss, m = rollout_step(c, client, [r for r in kept if r.records], layer_ids)
+            loss, m = rollout_step(c, client, [r for r in kept if r.records], layer_ids, loss_name=args.loss)
             loss.backward()
             acc_c["push_s"] += t1 - t
             acc_c["rollout_s"] += t2 - t1
@@ -301,7 +302,8 @@ def main(argv=None) -> int:
         "specopd_gain_over_continued_sft": mean_gain,
         "specopd_config": scfg.model_dump(),
         "rollout": {"prompts": args.rollout_prompts, "tokens": args.rollout_tokens, "temperature": 1.0,
-                    "concurrency": args.rollout_prompts},
+                    "concurrency": args.rollout_prompts, "loss": args.loss},
+        "serving": {"draft_sampling": draft_sampling_mode()},
         "eval": {"limit_per_domain": args.eval_limit, "max_new_tokens": args.eval_max_new_tokens},
         "server": {"config": "cpu-smollm2", "cpu_threads": args.server_threads},
         "floors": {"specopd_beats_continued_sft_T0": acceptance["specopd"]["T0"]["mean"] > acceptance["sft_continued"]["T0"]["mean"],

@@ -93,6 +93,7 @@ def main(argv=None) -> int:
     from sglang_specopd.launch import SGLangServer
     from sglang_specopd.models import prepare_model
     from sglang_specopd.results import write_result
+    from sglang_specopd.sampled_drafts import draft_sampling_mode
     from sglang_specopd.serve import config_path, launch_spec
     from specopd_trainer.client import SpecOPDClient
     from specopd_trainer.drafters.dflash import DFlashDrafter
@@ -149,7 +150,7 @@ def main(argv=None) -> int:
                "validation": {"split": "eval" if args.eval_split else "train",
                               **({} if args.eval_split else {"offset": args.val_offset}),
                               "limit_per_domain": args.val_limit, "max_new_tokens": args.eval_max_new_tokens},
-               "sft_start": start, "arms": results}
+               "serving": {"draft_sampling": draft_sampling_mode()}, "sft_start": start, "arms": results}
     write_result(args.out, payload, command="python " + " ".join(sys.argv))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0

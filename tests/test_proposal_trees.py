@@ -204,3 +204,24 @@ def test_e2e_tv_backend_dispatch_uses_triton_only_on_cuda(monkeypatch):
     assert calls == ["chunked", "fused"]
     assert _fused_is_faster(p) is False
     assert _fused_is_faster(torch.empty(1, 1, device="meta")) is False
+
+
+def test_e2e_fkl_tree_streams_rows_in_chunks():
+    """The soft-target form of E2E-KL, accumulated over row chunks, equals the per-row weighted forward KL."""
+    from specopd_kernels.losses import acceptance_weights, forward_kl
+    from specopd_kernels.losses.tree import _e2e_fkl_tree
+
+    torch.manual_seed(3)
+    a, k, g, v = 4, 3, 5, 13
+    pk = pack_branches(torch.randint(0, 3, (a, k, g)), g - 1)
+    q = torch.randn(a * g, v, requires_grad=True)
+    p_rows = torch.randn(pk.row_anchor.numel(), v)
+    rd = pk.row_anchor * g + pk.row_slot
+    loss, alpha = _e2e_fkl_tree(p_rows, q, rd, pk.row_index, True, chunk=3)
+    (g_chunk,) = torch.autograd.grad(loss, q)
+    w = torch.zeros(p_rows.shape[0]).index_add_(0, pk.row_index.reshape(-1),
+                                                 (acceptance_weights(alpha) / g).reshape(-1))
+    direct = (w * forward_kl(p_rows, q[rd], reduction="none")).sum() / pk.row_index.shape[0]
+    (g_direct,) = torch.autograd.grad(direct, q)
+    assert loss.item() == pytest.approx(direct.item(), rel=1e-5)
+    torch.testing.assert_close(g_chunk, g_direct, atol=1e-6, rtol=1e-5)

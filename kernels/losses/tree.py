@@ -118,13 +118,7 @@ def tree_loss_and_alpha(name: str, target_rows: torch.Tensor, draft_logits: torc
         return e2e_tv_from_alpha(alpha), (alpha.detach() if with_alpha else None)
     _check(target_rows, draft_logits, row_draft, row_index)
     if name == "e2e_fkl":
-        with torch.no_grad():
-            alpha = tree_alpha(target_rows, draft_logits.detach(), row_draft, row_index)
-        weights = acceptance_weights(alpha) / alpha.shape[1]  # [N, G]
-        w_rows = torch.zeros(target_rows.shape[0], dtype=torch.float32, device=target_rows.device)
-        w_rows.index_add_(0, row_index.reshape(-1), weights.reshape(-1))
-        per_row = forward_kl(target_rows, draft_logits[row_draft], reduction="none")  # [R]
-        return (w_rows * per_row).sum() / max(row_index.shape[0], 1), (alpha if with_alpha else None)
+        return _e2e_fkl_tree(target_rows, draft_logits, row_draft, row_index, with_alpha)
     per_row = _PER_TOKEN[name](target_rows, draft_logits[row_draft], reduction="none")  # [R]
     mult = torch.bincount(row_index.reshape(-1), minlength=target_rows.shape[0]).to(per_row.dtype)
     loss = (per_row * mult).sum() / mult.sum().clamp(min=1)
@@ -132,3 +126,28 @@ def tree_loss_and_alpha(name: str, target_rows: torch.Tensor, draft_logits: torc
         return loss, None
     with torch.no_grad():
         return loss, tree_alpha(target_rows, draft_logits.detach(), row_draft, row_index)
+
+
+def _e2e_fkl_tree(target_rows, draft_logits, row_draft, row_index, with_alpha: bool, chunk: int = 256):
+    """E2E-KL over the tree without materialising ``[R, V]`` draft log-probs.
+
+    With w_r = sum of the detached weights c[n, i] / G of the (branch, slot) pairs using row r, and P_d =
+    sum_{r: row_draft[r] = d} w_r p_r (``[Q, V]``, accumulated over row chunks without gradient):
+    sum_r w_r KL(p_r || q_{d(r)}) = sum_r w_r sum_v p_r log p_r - sum_d <P_d, log q_d>. So the loss is a soft-target
+    cross-entropy on the Q draft rows plus a constant, equal in value and gradient to the per-row form.
+    """
+    with torch.no_grad():
+        alpha = tree_alpha(target_rows, draft_logits.detach(), row_draft, row_index)
+        weights = acceptance_weights(alpha) / alpha.shape[1]  # [N, G]
+        w_rows = torch.zeros(target_rows.shape[0], dtype=torch.float32, device=target_rows.device)
+        w_rows.index_add_(0, row_index.reshape(-1), weights.reshape(-1))
+        p_bar = torch.zeros(draft_logits.shape, dtype=torch.float32, device=draft_logits.device)
+        neg_entropy = torch.zeros((), dtype=torch.float32, device=target_rows.device)
+        for lo in range(0, target_rows.shape[0], chunk):
+            lp = torch.log_softmax(target_rows[lo:lo + chunk].float(), dim=-1)
+            wp = lp.exp() * w_rows[lo:lo + chunk, None]
+            neg_entropy += (wp * lp).sum()
+            p_bar.index_add_(0, row_draft[lo:lo + chunk], wp)
+    cross = (p_bar * torch.log_softmax(draft_logits.float(), dim=-1)).sum()
+    loss = (neg_entropy - cross) / max(row_index.shape[0], 1)
+    return loss, (alpha if with_alpha else None)

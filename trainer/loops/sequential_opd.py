@@ -42,7 +42,8 @@ def collect_rollouts(client, prompts: List[List[int]], *, max_new_tokens: int, t
 
 def rollout_step(drafter, client, rollouts: List[Rollout], layer_ids: List[int], loss_name: str = "e2e_tv",
                  max_records: Optional[int] = None, head_dtype: str = "bfloat16") -> Tuple[torch.Tensor, Dict]:
-    """E2E-TV on the recorded blocks of ``rollouts`` (score + features in one call); returns (loss, metrics)."""
+    """Proposal-tree loss ``loss_name`` (E2E-TV by default) on the recorded blocks of ``rollouts`` (score + features
+    in one call); returns (loss, metrics)."""
     from sglang_specopd.protocol import ScoreTreesRequest
     from specopd_kernels.losses import expected_acceptance_length, tree_loss_and_alpha
     from specopd_trainer.loops.branch_tree import pack_branches
