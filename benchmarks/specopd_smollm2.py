@@ -129,6 +129,9 @@ def main(argv=None) -> int:
                     help="also run SpecOPD with these proposal-tree losses (tv, fkl, rkl), reported as specopd_LOSS")
     ap.add_argument("--lr", type=float, default=1e-3, help="peak LR of every arm (SpecOPD: see --specopd-lr)")
     ap.add_argument("--specopd-lr", type=float, default=None, help="SpecOPD's peak LR (default: --lr)")
+    ap.add_argument("--sequential-max-minutes", type=float, default=None,
+                    help="stop the sequential arm after this many minutes even below the budget (recorded in "
+                         "phases_s.sequential_opd.stopped_by_time; its tokens/s stay exact)")
     ap.add_argument("--eval-limit", type=int, default=8)
     ap.add_argument("--eval-max-new-tokens", type=int, default=96)
     ap.add_argument("--server-threads", type=int, default=2,
@@ -224,11 +227,14 @@ def main(argv=None) -> int:
         # (c) sequential-rollout OPD: push, real rollouts through the SPECOPD worker, score the recorded blocks
         c = copy.deepcopy(base)
         acc_c = {"tokens": 0, "records": 0, "push_s": 0.0, "rollout_s": 0.0, "score_s": 0.0, "loss_s": 0.0,
-                 "rollout_tokens": 0}
+                 "rollout_tokens": 0, "stopped_by_time": False}
         layer_ids = list(base.spec.target_layer_ids)
 
         def step_c(step, gen):
             if acc_c["tokens"] >= args.budget_tokens:
+                raise _BudgetReached
+            if args.sequential_max_minutes and time.monotonic() - t0 > 60 * args.sequential_max_minutes:
+                acc_c["stopped_by_time"] = True  # its acceptance then reflects a smaller budget (reported)
                 raise _BudgetReached
             t = time.monotonic()
             push(server.url, c, f"seq-opd-{step}")
