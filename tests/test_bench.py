@@ -356,12 +356,15 @@ def test_report_sweeps_and_gpu_kernels(tmp_path: Path) -> None:
                         "chunked_speedup": 0.61}],
         "tree_attention": [{"tokens": 9216, "dtype": "torch.bfloat16", "max_abs_diff": 0.0039, "speedup": 9.1}]}))
     (tmp_path / "specopd_sweep_eval_smollm2_cpu.json").write_text(json.dumps(
-        {"arms": [arm], "validation": {"split": "eval", "limit_per_domain": 8}, "references": {"offset": 108}}))
+        {"arms": [arm], "validation": {"split": "eval", "limit_per_domain": 8}, "references": {"offset": 108},
+         "serving": {"draft_sampling": "sample"}}))
     results, _ = load_results(tmp_path)
     md = "\n".join(_other_sections(results))
     assert "Held-out eval prompts: 8 per domain (arms chosen on validation)" in md
     assert md.count("| `sft:lr=1e-3` | 1.390 | 1.160 | 321 |") == 3
     assert "trained on the SFT start's own training responses" in md
+    assert md.count("T=1 drafts greedy (argmax), target-only verification") == 2  # files from before the option
+    assert md.count("T=1 drafts sampled from q, lossless verification") == 1
     assert "trained on fresh references (train-split prompts from offset 108, 211 responses)" in md
     assert "| fused alpha 8 x 49152 | bfloat16 | 0.0000001 | 0.000100 | 7.90x |" in md
     assert "| tree alpha (fused) 4224 rows x 151936 | float32 | - | - | 2.25x |" in md

@@ -59,6 +59,13 @@ def _provenance(data: Mapping[str, Any]) -> str:
             f"{data.get('created', '?')}; {machine}")
 
 
+def _served_drafts(data: Mapping[str, Any]) -> str:
+    """How the server drafted at T=1 when the file was written (files from before the option: DFLASH's greedy)."""
+    mode = _get(data, "serving", "draft_sampling") or "greedy"
+    return ("T=1 drafts sampled from q, lossless verification" if mode == "sample"
+            else "T=1 drafts greedy (argmax), target-only verification")
+
+
 def _sweep_section(name: str, data: Optional[Mapping[str, Any]]) -> List[str]:
     """A validation sweep (``benchmarks/specopd_sweep.py``): mean tau per arm at T=0 / T=1."""
     if not data or not isinstance(data.get("arms"), list):
@@ -75,7 +82,7 @@ def _sweep_section(name: str, data: Optional[Mapping[str, Any]]) -> List[str]:
                    f"{val.get('offset', '?')}")
     out = [f"### `{name}`", "", f"Produced by {_provenance(data)}.", "",
            f"{prompts}; budget {data.get('budget_target_tokens', '?')} supervised tokens per arm; arms trained on "
-           f"{trained_on}.", "",
+           f"{trained_on}; {_served_drafts(data)}.", "",
            "| arm | T0 mean tau | T1 mean tau | train wall s |", "|---|---:|---:|---:|",
            f"| SFT start | {_f(_get(data, 'sft_start', 'T0', 'mean'), 3)} | "
            f"{_f(_get(data, 'sft_start', 'T1', 'mean'), 3)} | - |"]
