@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from sglang_specopd.cpu.sampling_verify import inverse_cdf_sample
+
 
 def chain_speculative_sampling(
     predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
@@ -57,10 +59,7 @@ def chain_speculative_sampling(
             q_row = draft_probs[b, n_acc].float()
             q_row = torch.where((q_row >= 0) & (q_row <= 1), q_row, torch.zeros_like(q_row))
             residual = torch.clamp(p_row - q_row, min=0.0)
-        cdf = torch.cumsum(residual, dim=0)
-        u = finals[b] * float(cdf[-1])
-        idx = int(torch.searchsorted(cdf, torch.tensor([u], dtype=cdf.dtype), right=True)[0])
-        predicts[last] = min(idx, cdf.shape[0] - 1)
+        predicts[last] = inverse_cdf_sample(torch.cumsum(residual, dim=0), finals[b])
 
 
 def install() -> None:

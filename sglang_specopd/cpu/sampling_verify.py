@@ -64,13 +64,17 @@ def tree_speculative_sampling_target_only(
         accept_token_num[b] = n_acc
         q = torch.clamp(target_probs[b, prob_off].float() - draft_probs[b, prob_off].float(), min=0.0)
         cdf = torch.cumsum(q, dim=0)
-        total = float(cdf[-1])
-        if total <= 0.0:  # every token rejected (cannot happen with p summing to 1); fall back to the target
+        if float(cdf[-1]) <= 0.0:  # every token rejected (impossible when p sums to 1): fall back to the target
             cdf = torch.cumsum(target_probs[b, prob_off].float(), dim=0)
-            total = float(cdf[-1])
-        u = finals[b] * total
-        idx = int(torch.searchsorted(cdf, torch.tensor([u], dtype=cdf.dtype), right=True)[0])
-        predicts[last] = min(idx, cdf.shape[0] - 1)
+        predicts[last] = inverse_cdf_sample(cdf, finals[b])
+
+
+def inverse_cdf_sample(cdf: torch.Tensor, coin: float) -> int:
+    """The token whose cumulative mass ``cdf`` ([V], unnormalised, non-decreasing) first exceeds ``coin * cdf[-1]``
+    (coin uniform in [0, 1)), clamped to V - 1 as the CUDA/Triton kernels do for a degenerate all-zero cdf."""
+    u = coin * float(cdf[-1])
+    idx = int(torch.searchsorted(cdf, torch.tensor([u], dtype=cdf.dtype), right=True)[0])
+    return min(idx, cdf.shape[0] - 1)
 
 
 def install() -> None:
