@@ -9,7 +9,10 @@ installed, so only torch and Triton are needed). Per case it checks
 values and gradients against the plain-torch reference and times both (CUDA events, median of ``--repeats``):
   - ``fused_acceptance_alpha`` vs ``acceptance_alpha`` on [rows, V] logits, V in {49152, 151936}, fp32 / bf16;
   - proposal-tree alpha (SpecOPD's loss path): row-chunked torch and Triton vs ``tree_alpha_reference``;
-  - ``tree_attention_grouped`` vs ``tree_attention_reference`` (dense [T, T] mask) on SpecOPD-shaped trees.
+  - ``tree_attention_grouped`` vs ``tree_attention_reference`` (dense [T, T] mask) on SpecOPD-shaped trees;
+  - the SpecOPD tree losses E2E-KL and E2E-KL with accepted-prefix weights (``tree_loss``, rows streamed in
+    chunks) vs the registry loss on the expanded ``[N, G, V]`` branches;
+  - the served draft sampler ``sampled_drafts.sample_block``: empirical token frequencies vs q, greedy rows.
 ``--device cpu --small`` runs tiny shapes on CPU (Triton under TRITON_INTERPRET=1): the test suite uses it to
 keep this script working. Writes one result file in the shared shape (command, commit, machine, versions).
 """
@@ -133,6 +136,87 @@ def tree_alpha_cases(device: str, small: bool, repeats: int) -> list:
     return out
 
 
+def tree_loss_cases(device: str, small: bool, repeats: int) -> list:
+    """E2E-KL / E2E-KL-IS on a proposal tree (each distinct row once) vs the expanded-branch reference."""
+    import torch
+
+    from specopd_kernels.losses import get_loss, tree_loss
+
+    # (anchors A, slots G, branches K, distinct-row fraction, vocab): SmolLM2 (B=8) and an 8B-scale (B=16) vocab
+    shapes = [(3, 4, 4, 0.6, 1000)] if small else [(32, 7, 16, 0.55, 49152), (16, 15, 16, 0.55, 151936)]
+    out = []
+    for a, g, k, frac, vocab in shapes:
+        gen = torch.Generator(device="cpu").manual_seed(7 * a + g + vocab)
+        q_rows, n = a * g, a * k
+        r = max(q_rows, int(frac * n * g))
+        row_draft = torch.cat([torch.arange(q_rows), torch.randint(0, q_rows, (r - q_rows,), generator=gen)])
+        row_index = torch.randint(0, r, (n, g), generator=gen)
+        row_token = torch.randint(0, vocab, (r,), generator=gen)
+        t = (torch.randn(r, vocab, generator=gen) * 3).to(device)
+        d0 = (torch.randn(q_rows, vocab, generator=gen) * 3).to(device)
+        rd, ri, rt = row_draft.to(device), row_index.to(device), row_token.to(device)
+        tokens = torch.cat([rt[ri[:, 1:]], torch.zeros(n, 1, dtype=torch.long, device=device)], 1)
+        for name in ("e2e_fkl", "e2e_fkl_is"):
+            extra = (tokens, 0.8) if name == "e2e_fkl_is" else ()
+
+            def tree_fn(dd, name=name):
+                return tree_loss(name, t, dd, rd, ri, row_token=rt, sample_temperature=0.8)
+
+            def expanded_fn(dd, name=name, extra=extra):
+                return get_loss(name)(t[ri], dd[rd[ri]], *extra)
+
+            vals = {}
+            for label, fn in (("tree", tree_fn), ("expanded", expanded_fn)):
+                d = d0.clone().requires_grad_(True)
+                loss = fn(d)
+                (grad,) = torch.autograd.grad(loss, d)
+                vals[label] = (float(loss), grad)
+
+                def fwd_bwd(fn=fn):
+                    dd = d0.clone().requires_grad_(True)
+                    torch.autograd.grad(fn(dd), dd)
+
+                vals[label + "_s"] = _timed(fwd_bwd, device, repeats)
+                del loss, grad
+            row = {"loss": name, "anchors": a, "slots": g, "branches": k, "target_rows": r, "draft_rows": q_rows,
+                   "vocab": vocab, "tree_value": vals["tree"][0], "expanded_value": vals["expanded"][0],
+                   "rel_value_diff": abs(vals["tree"][0] - vals["expanded"][0]) / max(abs(vals["expanded"][0]), 1e-12),
+                   "max_abs_grad_diff": float((vals["tree"][1] - vals["expanded"][1]).abs().max()),
+                   "max_abs_grad": float(vals["expanded"][1].abs().max()),
+                   "tree_fwd_bwd_s": vals["tree_s"], "expanded_fwd_bwd_s": vals["expanded_s"],
+                   "speedup": vals["expanded_s"] / vals["tree_s"]}
+            out.append(row)
+            print(row, file=sys.stderr)
+            vals.clear()
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    return out
+
+
+def draft_sampler_cases(device: str, small: bool) -> dict:
+    """``sample_block`` (the served sampled drafts) on ``device``: frequencies of many draws vs q, greedy rows."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from sglang_specopd.sampled_drafts import sample_block
+
+    draws, vocab = (2000, 8) if small else (200000, 16)
+    gen = torch.Generator(device=device).manual_seed(0)
+    base = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 0.3, 1.5, -0.5] * (vocab // 8), device=device)
+    logits = base.expand(draws, 2, vocab).to(torch.bfloat16)
+    temps = torch.full((draws,), 0.7, device=device)
+    greedy = torch.zeros(draws, dtype=torch.bool, device=device)
+    greedy[:10] = True
+    tokens, q = sample_block(logits, temps, greedy, gen)
+    expect = torch.softmax(logits[0, 0].float() / 0.7, -1)
+    freq = torch.bincount(tokens[10:].reshape(-1), minlength=vocab).float() / tokens[10:].numel()
+    return {"draws": int(tokens[10:].numel()), "vocab": vocab,
+            "max_abs_freq_minus_q": float((freq - expect).abs().max()),
+            "q_matches_softmax": bool(torch.allclose(q[10:12], expect.expand(2, 2, vocab), atol=1e-6)),
+            "greedy_rows_argmax": bool((tokens[:10] == logits[:10].argmax(-1)).all()),
+            "greedy_rows_one_hot_q": bool((q[:10].max(-1).values == 1).all())}
+
+
 def attention_cases(device: str, small: bool, repeats: int) -> list:
     import torch
 
@@ -187,7 +271,10 @@ def main(argv=None) -> int:
     payload = {"device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
                "alpha": alpha_cases(args.device, args.small, args.repeats),
                "tree_alpha": tree_alpha_cases(args.device, args.small, args.repeats),
-               "tree_attention": attention_cases(args.device, args.small, args.repeats)}
+               "tree_attention": attention_cases(args.device, args.small, args.repeats),
+               "tree_losses": tree_loss_cases(args.device, args.small, args.repeats),
+               "draft_sampler": draft_sampler_cases(args.device, args.small)}
+    print({"draft_sampler": payload["draft_sampler"]}, file=sys.stderr)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # results.py needs only the standard library
     from sglang_specopd.results import write_result
 

@@ -30,6 +30,13 @@ def test_kernels_gpu_script_cpu_smoke(tmp_path):
     assert res["git_commit"] == "abc123"
     (att,) = res["tree_attention"]
     assert att["tokens"] == 24 + 3 * 2 * 3 and att["max_abs_diff"] < 1e-5
+    assert [c["loss"] for c in res["tree_losses"]] == ["e2e_fkl", "e2e_fkl_is"]
+    for c in res["tree_losses"]:
+        assert c["rel_value_diff"] < 1e-5 and c["max_abs_grad_diff"] < 1e-6 < c["max_abs_grad"], c
+    assert res["tree_losses"][0]["tree_value"] != res["tree_losses"][1]["tree_value"]
+    ds = res["draft_sampler"]
+    assert ds["draws"] == 2 * 1990 and ds["max_abs_freq_minus_q"] < 0.05, ds
+    assert ds["q_matches_softmax"] and ds["greedy_rows_argmax"] and ds["greedy_rows_one_hot_q"], ds
 
 
 def test_kernels_gpu_script_without_cuda_is_a_clear_error(tmp_path):

@@ -117,6 +117,32 @@ def test_tree_loss_equals_expanded_branches(name):
     torch.testing.assert_close(g_tree, g_exp, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_e2e_fkl_is_tree_equals_expanded_branches(temperature):
+    """The tree form reads each branch's drafted tokens from row_token and equals the expanded loss, value and
+    gradient; with every branch distinct the weights differ from E2E-KL's."""
+    torch.manual_seed(2)
+    a, k, g, v = 3, 5, 4, 11
+    branches = torch.randint(0, 3, (a, k, g))
+    pk = pack_branches(branches, g - 1)
+    assert pk.row_token[:a].tolist() == [-1] * a
+    q = torch.randn(a, g, v, requires_grad=True)
+    p_rows = torch.randn(pk.row_anchor.numel(), v)
+    rd = pk.row_anchor * g + pk.row_slot
+    tree = tree_loss("e2e_fkl_is", p_rows, q.reshape(a * g, v), rd, pk.row_index, row_token=pk.row_token,
+                     sample_temperature=temperature)
+    (g_tree,) = torch.autograd.grad(tree, q)
+    expanded = get_loss("e2e_fkl_is")(p_rows[pk.row_index], q[:, None].expand(a, k, g, v).reshape(a * k, g, v),
+                                      branches.reshape(a * k, g), temperature)
+    (g_exp,) = torch.autograd.grad(expanded, q)
+    assert tree.item() == pytest.approx(expanded.item(), rel=1e-5, abs=1e-6)
+    torch.testing.assert_close(g_tree, g_exp, atol=1e-6, rtol=1e-5)
+    plain = tree_loss("e2e_fkl", p_rows, q.reshape(a * g, v), rd, pk.row_index)
+    assert abs(plain.item() - tree.item()) > 1e-4
+    with pytest.raises(ValueError, match="needs row_token"):
+        tree_loss("e2e_fkl_is", p_rows, q.reshape(a * g, v), rd, pk.row_index)
+
+
 def test_tree_loss_bad_input():
     p = torch.zeros(2, 3)
     with pytest.raises(KeyError, match="no proposal-tree form"):

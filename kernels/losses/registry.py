@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .e2e_kl import e2e_fkl_loss
+from .e2e_kl import e2e_fkl_is_loss, e2e_fkl_loss
 from .fused import fused_e2e_tv_loss
 from .naive import ce_decay_loss, draft_opd_loss, e2e_tv_loss, forward_kl, reverse_kl, tv_loss
 
@@ -18,6 +18,7 @@ LOSSES: dict[str, Callable] = {
     "e2e_tv": e2e_tv_loss,  # (target_logits [N,G,V], draft_logits [N,G,V], valid_mask [N,G], reduction)
     "e2e_tv_fused": fused_e2e_tv_loss,  # same as e2e_tv; Triton; no grad to target
     "e2e_fkl": e2e_fkl_loss,  # (target_logits [N,G,V], draft_logits [N,G,V], valid_mask [N,G], reduction)
+    "e2e_fkl_is": e2e_fkl_is_loss,  # (target_logits, draft_logits, tokens [N,G], temperature, valid_mask, reduction)
     "draft_opd": draft_opd_loss,  # (target_logits, draft_logits, accepted_mask, rejected_mask, gamma, ...)
 }
 

@@ -14,23 +14,26 @@ which equals :func:`specopd_kernels.losses.naive.e2e_tv_loss` on the expanded ``
 and gradient (a row used by m branches receives m times the gradient), at R/(N*G) of the softmax/min cost.
 Per-token losses (tv, fkl, rkl) are the mean over the N*G (branch, slot) pairs, i.e. a multiplicity-weighted
 mean over rows. E2E-KL (:mod:`.e2e_kl`) weights each (branch, slot) KL by its detached acceptance weight c[n, i]
-(the branch's alphas), scattered onto the rows.
+(the branch's alphas), scattered onto the rows; ``e2e_fkl_is`` puts the branch's own acceptance ratios
+min(1, p(x)/q(x)) upstream instead (:func:`specopd_kernels.losses.e2e_kl.accepted_prefix_weights`), reading each
+drafted token from ``row_token`` (the token sitting at a tree node's row).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 import torch
 
-from .e2e_kl import acceptance_weights
+from .e2e_kl import acceptance_weights, accepted_prefix_weights
 from .naive import e2e_tv_from_alpha, forward_kl, reverse_kl, tv_loss
 
 __all__ = ["TREE_LOSSES", "tree_loss", "tree_loss_and_alpha", "tree_alpha", "tree_alpha_reference"]
 
 
 _PER_TOKEN: Dict[str, Callable] = {"tv": tv_loss, "fkl": forward_kl, "rkl": reverse_kl}
-TREE_LOSSES = ("e2e_tv", "e2e_tv_fused", "e2e_fkl", *_PER_TOKEN)
+TREE_LOSSES = ("e2e_tv", "e2e_tv_fused", "e2e_fkl", "e2e_fkl_is", *_PER_TOKEN)
+_NEEDS_TOKENS = ("e2e_fkl_is",)
 
 
 def _check_index(index: torch.Tensor, bound: int, dims: int, name: str) -> None:
@@ -96,19 +99,24 @@ def tree_alpha_reference(target_rows: torch.Tensor, draft_logits: torch.Tensor, 
 
 
 def tree_loss(name: str, target_rows: torch.Tensor, draft_logits: torch.Tensor, row_draft: torch.Tensor,
-              row_index: torch.Tensor) -> torch.Tensor:
+              row_index: torch.Tensor, *, row_token: Optional[torch.Tensor] = None,
+              sample_temperature: float = 1.0) -> torch.Tensor:
     """Loss ``name`` (one of :data:`TREE_LOSSES`) over N branches x G slots given by ``row_index`` into R rows.
 
-    Arguments as in :func:`tree_alpha`. Returns an fp32 scalar equal to the registry loss on the expanded
-    ``[N, G, V]`` tensors (mean reduction), value and gradient w.r.t. ``draft_logits``. Raises KeyError for a
-    name without a tree form (e.g. ``ce_decay``, ``draft_opd``), ValueError on bad shapes or indices.
+    Arguments as in :func:`tree_alpha`; ``e2e_fkl_is`` also needs ``row_token`` (int64 ``[R]``, the drafted
+    token sitting at each node row, anything at anchor rows: :attr:`PackedBranches.row_token`) and the branches'
+    ``sample_temperature``. Returns an fp32 scalar equal to the registry loss on the expanded ``[N, G, V]``
+    tensors (mean reduction), value and gradient w.r.t. ``draft_logits``. Raises KeyError for a name without a
+    tree form (e.g. ``ce_decay``, ``draft_opd``), ValueError on bad shapes or indices or a missing ``row_token``.
     Source: SpecOPD E2E-TV; per-token forms as in the loss registry.
     """
-    return tree_loss_and_alpha(name, target_rows, draft_logits, row_draft, row_index, with_alpha=False)[0]
+    return tree_loss_and_alpha(name, target_rows, draft_logits, row_draft, row_index, with_alpha=False,
+                               row_token=row_token, sample_temperature=sample_temperature)[0]
 
 
 def tree_loss_and_alpha(name: str, target_rows: torch.Tensor, draft_logits: torch.Tensor, row_draft: torch.Tensor,
-                        row_index: torch.Tensor, with_alpha: bool = True):
+                        row_index: torch.Tensor, with_alpha: bool = True, *, row_token: Optional[torch.Tensor] = None,
+                        sample_temperature: float = 1.0):
     """``(loss, alpha)``: :func:`tree_loss` and the detached ``[N, G]`` :func:`tree_alpha` (None unless
     ``with_alpha``). For the E2E-TV losses alpha is the loss's own intermediate (no second pass over the rows)."""
     if name not in TREE_LOSSES:
@@ -117,8 +125,16 @@ def tree_loss_and_alpha(name: str, target_rows: torch.Tensor, draft_logits: torc
         alpha = tree_alpha(target_rows, draft_logits, row_draft, row_index, name)
         return e2e_tv_from_alpha(alpha), (alpha.detach() if with_alpha else None)
     _check(target_rows, draft_logits, row_draft, row_index)
-    if name == "e2e_fkl":
-        return _e2e_fkl_tree(target_rows, draft_logits, row_draft, row_index, with_alpha)
+    if name in _NEEDS_TOKENS:
+        if row_token is None or row_token.dtype != torch.int64 or row_token.shape != (target_rows.shape[0],):
+            raise ValueError(f"loss {name!r} needs row_token: int64 [{target_rows.shape[0]}] (the drafted token "
+                             f"at each tree row), got {None if row_token is None else tuple(row_token.shape)}")
+        if not sample_temperature > 0:
+            raise ValueError(f"sample_temperature must be > 0, got {sample_temperature}")
+    if name in ("e2e_fkl", "e2e_fkl_is"):
+        return _e2e_fkl_tree(target_rows, draft_logits, row_draft, row_index, with_alpha,
+                             row_token=row_token if name == "e2e_fkl_is" else None,
+                             sample_temperature=sample_temperature)
     per_row = _PER_TOKEN[name](target_rows, draft_logits[row_draft], reduction="none")  # [R]
     mult = torch.bincount(row_index.reshape(-1), minlength=target_rows.shape[0]).to(per_row.dtype)
     loss = (per_row * mult).sum() / mult.sum().clamp(min=1)
@@ -128,8 +144,31 @@ def tree_loss_and_alpha(name: str, target_rows: torch.Tensor, draft_logits: torc
         return loss, tree_alpha(target_rows, draft_logits.detach(), row_draft, row_index)
 
 
-def _e2e_fkl_tree(target_rows, draft_logits, row_draft, row_index, with_alpha: bool, chunk: int = 256):
-    """E2E-KL over the tree without materialising ``[R, V]`` draft log-probs.
+def _tree_accept_ratio(target_rows, draft_logits, row_draft, row_index, row_token, temperature: float,
+                       chunk: int = 256) -> torch.Tensor:
+    """r[n, i] = min(1, p_i(x_i) / q_i(x_i)) for slots 1..G-1 of every branch, fp32 ``[N, G-1]``, no gradient.
+
+    Slot i's target row is ``row_index[n, i-1]``; its drafted token x_i sits at the next row ``row_index[n, i]``
+    (``row_token``); q_i = softmax(draft / temperature) of that row's draft row. Log-normalisers are computed per
+    distinct row, streamed in chunks."""
+    with torch.no_grad():
+        lse_t = torch.cat([torch.logsumexp(target_rows[lo:lo + chunk].float(), -1)
+                           for lo in range(0, target_rows.shape[0], chunk)] or [target_rows.new_zeros(0)])
+        scaled = draft_logits.detach().float() / temperature
+        lse_q = torch.logsumexp(scaled, -1)
+        rows, tok = row_index[:, :-1], row_token[row_index[:, 1:]]
+        if tok.numel() and (int(tok.min()) < 0 or int(tok.max()) >= target_rows.shape[1]):
+            raise ValueError("row_token holds a token outside the vocabulary at a node row")
+        drows = row_draft[rows]
+        lp = target_rows[rows, tok].float() - lse_t[rows]
+        lq = scaled[drows, tok] - lse_q[drows]
+        return torch.exp(torch.clamp(lp - lq, max=0.0))
+
+
+def _e2e_fkl_tree(target_rows, draft_logits, row_draft, row_index, with_alpha: bool, chunk: int = 256,
+                  row_token: Optional[torch.Tensor] = None, sample_temperature: float = 1.0):
+    """E2E-KL over the tree without materialising ``[R, V]`` draft log-probs (with ``row_token``: the
+    accepted-prefix weights of ``e2e_fkl_is`` instead of E2E's).
 
     With w_r = sum of the detached weights c[n, i] / G of the (branch, slot) pairs using row r, and P_d =
     sum_{r: row_draft[r] = d} w_r p_r (``[Q, V]``, accumulated over row chunks without gradient):
@@ -138,7 +177,12 @@ def _e2e_fkl_tree(target_rows, draft_logits, row_draft, row_index, with_alpha: b
     """
     with torch.no_grad():
         alpha = tree_alpha(target_rows, draft_logits.detach(), row_draft, row_index)
-        weights = acceptance_weights(alpha) / alpha.shape[1]  # [N, G]
+        if row_token is None:
+            weights = acceptance_weights(alpha) / alpha.shape[1]  # [N, G]
+        else:
+            ratio = _tree_accept_ratio(target_rows, draft_logits, row_draft, row_index, row_token,
+                                       sample_temperature, chunk)
+            weights = accepted_prefix_weights(alpha, ratio) / alpha.shape[1]
         w_rows = torch.zeros(target_rows.shape[0], dtype=torch.float32, device=target_rows.device)
         w_rows.index_add_(0, row_index.reshape(-1), weights.reshape(-1))
         p_bar = torch.zeros(draft_logits.shape, dtype=torch.float32, device=draft_logits.device)

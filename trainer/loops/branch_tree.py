@@ -26,7 +26,8 @@ class PackedBranches:
     tokens / parents: per anchor, the trie's node tokens and parent indices (-1 = child of the anchor), nodes
     in creation order (a parent always precedes its children). row_index: int64 ``[A*K, G]`` into the
     ``A + num_nodes`` scored rows. row_anchor / row_slot: int64 ``[A + num_nodes]``, the anchor (0..A-1) and
-    the 0-based slot (0..G-1) each row predicts.
+    the 0-based slot (0..G-1) each row predicts; row_token: int64 ``[A + num_nodes]``, the branch token sitting
+    at each node row (-1 at anchor rows), i.e. the token drafted at the slot BEFORE the one the row predicts.
     """
 
     tokens: List[List[int]]
@@ -34,6 +35,7 @@ class PackedBranches:
     row_index: torch.Tensor
     row_anchor: torch.Tensor
     row_slot: torch.Tensor
+    row_token: torch.Tensor
 
     @property
     def num_nodes(self) -> int:
@@ -80,5 +82,6 @@ def pack_branches(branches: torch.Tensor, scored_depth: int) -> PackedBranches:
         all_tokens.append(tokens)
         all_parents.append(parents)
         offset += len(tokens)
+    row_token = [-1] * a_n + [t for tokens in all_tokens for t in tokens]
     return PackedBranches(all_tokens, all_parents, row_index, torch.tensor(row_anchor, dtype=torch.int64),
-                          torch.tensor(row_slot, dtype=torch.int64))
+                          torch.tensor(row_slot, dtype=torch.int64), torch.tensor(row_token, dtype=torch.int64))

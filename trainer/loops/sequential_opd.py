@@ -41,9 +41,10 @@ def collect_rollouts(client, prompts: List[List[int]], *, max_new_tokens: int, t
 
 
 def rollout_step(drafter, client, rollouts: List[Rollout], layer_ids: List[int], loss_name: str = "e2e_tv",
-                 max_records: Optional[int] = None, head_dtype: str = "bfloat16") -> Tuple[torch.Tensor, Dict]:
+                 max_records: Optional[int] = None, head_dtype: str = "bfloat16", temperature: float = 1.0) -> Tuple[torch.Tensor, Dict]:
     """Proposal-tree loss ``loss_name`` (E2E-TV by default) on the recorded blocks of ``rollouts`` (score + features
-    in one call); returns (loss, metrics)."""
+    in one call); returns (loss, metrics). ``temperature``: the rollouts' sampling temperature (the drafts' law for
+    ``e2e_fkl_is``'s acceptance ratios)."""
     from sglang_specopd.protocol import ScoreTreesRequest
     from specopd_kernels.losses import expected_acceptance_length, tree_loss_and_alpha
     from specopd_trainer.loops.branch_tree import pack_branches
@@ -79,7 +80,8 @@ def rollout_step(drafter, client, rollouts: List[Rollout], layer_ids: List[int],
             p_rows = target_head_logits(head, sc.hidden, head_dtype)  # [a + nodes, V]
         # the same proposal-tree loss as SpecOPD (one branch per anchor, so no shared rows)
         loss, alpha = tree_loss_and_alpha(loss_name, p_rows, logits[:, 1:].reshape(a * g, -1),
-                                          packed.row_anchor * g + packed.row_slot, packed.row_index)
+                                          packed.row_anchor * g + packed.row_slot, packed.row_index,
+                                          row_token=packed.row_token, sample_temperature=temperature)
         total = total + loss * a
         n += a
         taus.append(float(expected_acceptance_length(alpha)[1].mean()))

@@ -145,7 +145,8 @@ def specopd_step(drafter, client, seqs: List, cfg: SpecOPDConfig, gen: torch.Gen
         q_flat = q.reshape(-1, q.shape[-1])  # [A*G, V], one row per (anchor, slot); gradient flows to q
         row_draft = packed.row_anchor * g + packed.row_slot
         # alpha [A*K, G] (detached) comes with the loss: for E2E-TV it is the loss's own intermediate
-        loss, alpha = tree_loss_and_alpha(cfg.loss, p_rows, q_flat, row_draft, packed.row_index)
+        loss, alpha = tree_loss_and_alpha(cfg.loss, p_rows, q_flat, row_draft, packed.row_index,
+                                          row_token=packed.row_token, sample_temperature=cfg.temperature)
         _, tau = expected_acceptance_length(alpha)
         total = total + loss * len(anchors)
         n += len(anchors)
