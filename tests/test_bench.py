@@ -354,7 +354,11 @@ def test_report_sweeps_and_gpu_kernels(tmp_path: Path) -> None:
                    "max_abs_grad_diff": 1e-4, "speedup": 7.9}],
         "tree_alpha": [{"target_rows": 4224, "vocab": 151936, "dtype": "float32", "fused_speedup": 2.25,
                         "chunked_speedup": 0.61}],
-        "tree_attention": [{"tokens": 9216, "dtype": "torch.bfloat16", "max_abs_diff": 0.0039, "speedup": 9.1}]}))
+        "tree_attention": [{"tokens": 9216, "dtype": "torch.bfloat16", "max_abs_diff": 0.0039, "speedup": 9.1}],
+        "tree_losses": [{"loss": "e2e_fkl_is", "target_rows": 1971, "vocab": 49152, "rel_value_diff": 1e-7,
+                         "max_abs_grad_diff": 3.5e-10, "speedup": 1.97}],
+        "draft_sampler": {"draws": 399980, "vocab": 16, "max_abs_freq_minus_q": 0.0013, "q_matches_softmax": True,
+                          "greedy_rows_argmax": True, "greedy_rows_one_hot_q": True}}))
     (tmp_path / "specopd_sweep_eval_smollm2_cpu.json").write_text(json.dumps(
         {"arms": [arm], "validation": {"split": "eval", "limit_per_domain": 8}, "references": {"offset": 108},
          "serving": {"draft_sampling": "sample"}}))
@@ -370,6 +374,9 @@ def test_report_sweeps_and_gpu_kernels(tmp_path: Path) -> None:
     assert "| tree alpha (fused) 4224 rows x 151936 | float32 | - | - | 2.25x |" in md
     assert "| tree alpha (chunked) 4224 rows x 151936 | float32 | - | - | 0.61x |" in md
     assert "| grouped tree attention 9216 tokens | torch.bfloat16 | 0.00390 | - | 9.10x |" in md
+    assert "| tree loss e2e_fkl_is 1971 rows x 49152 vs expanded | float32 | 0.0000001 (rel) | 0.000000000 | 1.97x |" in md
+    assert "399980 draws over 16 tokens, max |frequency - q| 0.0013" in md
+    assert "one-hot q: True." in md
 
 
 @pytest.mark.parametrize("readme_text", [None, "# no markers\n"])

@@ -111,4 +111,14 @@ def _kernels_gpu_section(data: Optional[Mapping[str, Any]]) -> List[str]:
     for c in data.get("tree_attention") or []:
         out.append(f"| grouped tree attention {c.get('tokens')} tokens | {c.get('dtype')} | "
                    f"{_f(c.get('max_abs_diff'), 5)} | - | {_f(c.get('speedup'))}x |")
+    for c in data.get("tree_losses") or []:
+        out.append(f"| tree loss {c.get('loss')} {c.get('target_rows')} rows x {c.get('vocab')} vs expanded | float32 | "
+                   f"{_f(c.get('rel_value_diff'), 7)} (rel) | {_f(c.get('max_abs_grad_diff'), 9)} | "
+                   f"{_f(c.get('speedup'))}x |")
+    ds = data.get("draft_sampler")
+    if ds:
+        out += ["", f"Served draft sampler (`sample_block`) on the device: {ds.get('draws')} draws over "
+                f"{ds.get('vocab')} tokens, max |frequency - q| {_f(ds.get('max_abs_freq_minus_q'), 4)}; q equals "
+                f"softmax(z / T): {ds.get('q_matches_softmax')}; greedy rows take the argmax with a one-hot q: "
+                f"{ds.get('greedy_rows_argmax') and ds.get('greedy_rows_one_hot_q')}."]
     return out + [""]
