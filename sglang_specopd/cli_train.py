@@ -86,7 +86,8 @@ def train_specopd_cmd(
     temperature: float = typer.Option(1.0, "--temperature", help="Branch sampling temperature (> 0)."),
     greedy_branch: bool = typer.Option(False, "--greedy-branch/--no-greedy-branch",
                                        help="Branch 0 of every anchor is the argmax block (the served proposal)."),
-    loss: str = typer.Option("e2e_tv", "--loss", help="Loss of the registry: e2e_tv, tv, fkl, rkl, e2e_tv_fused."),
+    loss: str = typer.Option("e2e_tv", "--loss", help="Proposal-tree loss of the registry: e2e_tv (the paper's), e2e_fkl, "
+                                   "e2e_fkl_is (E2E-KL with accepted-prefix weights), tv, fkl, rkl, e2e_tv_fused."),
     lr: float = typer.Option(3e-4, "--lr", help="Peak learning rate (AdamW)."),
     warmup: int = typer.Option(10, "--warmup", min=0, help="Warmup steps (then cosine decay)."),
     log_every: int = typer.Option(1, "--log-every", min=1, help="metrics.jsonl row every N steps."),

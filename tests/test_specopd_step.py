@@ -45,3 +45,42 @@ def test_greedy_branch_is_the_argmax_block(monkeypatch, greedy):
             argmax = drafter.logits(s.features.float(), s.token_ids, anchors)[0][:, 1:].argmax(-1)  # [A, G]
         assert branches.shape == (5, 6, g)
         assert torch.equal(branches[:, 0], argmax) is greedy  # sampled at temperature 100: not all argmax
+
+
+def test_e2e_fkl_is_step_equals_the_expanded_loss_on_the_sampled_branches(monkeypatch):
+    """The step hands the loss each branch's sampled tokens (row_token) and the sampling temperature: its loss
+    equals the registry's expanded E2E-KL-IS on the branches it sampled, the rows the scorer returned and the
+    drafter's own logits."""
+    import specopd_trainer.loops.branch_tree as bt
+    from specopd_kernels.losses import get_loss
+    from specopd_trainer.loops.specopd import SpecOPDConfig, specopd_step, target_head_logits
+
+    packed = []
+    real = bt.pack_branches
+    monkeypatch.setattr(bt, "pack_branches", lambda branches, depth: packed.append((branches.clone(),
+                                                                                    real(branches, depth))) or packed[-1][1])
+    outputs = []
+
+    class _Keep(_Scorer):
+        def score_trees(self, req):
+            out = super().score_trees(req)
+            outputs.extend(out)
+            return out
+
+    drafter, seqs, scorer = tiny_drafter(), tiny_sequences(2), _Keep()
+    cfg = SpecOPDConfig(anchors_per_seq=4, branches=5, seqs_per_step=2, temperature=0.8, loss="e2e_fkl_is",
+                        head_dtype="float32")
+    loss, m = specopd_step(drafter, scorer, seqs, cfg, torch.Generator().manual_seed(1))
+    g = drafter.block_size - 1
+    total, n = 0.0, 0
+    for s, (branches, pk), ref, out in zip(seqs, packed, scorer.requests[0].references, outputs):
+        anchors = torch.tensor([t.anchor for t in ref.trees])
+        with torch.no_grad():
+            q = drafter.logits(s.features.float(), s.token_ids, anchors)[0][:, 1:]  # [A, G, V]
+            p_rows = target_head_logits(drafter._head(), out.hidden, "float32")
+        a, k = branches.shape[:2]
+        expanded = get_loss("e2e_fkl_is")(p_rows[pk.row_index], q[:, None].expand(a, k, g, q.shape[-1]).reshape(a * k, g, -1),
+                                          branches.reshape(a * k, g), 0.8)
+        total, n = total + expanded.item() * a, n + a
+    assert loss.item() == pytest.approx(total / n, rel=1e-4)
+    assert m["supervised_tokens"] == 2 * 4 * 5 * g and loss.item() > 0
