@@ -69,14 +69,16 @@ def continued_sft_config(budget_tokens: int, g: int, lr: float):
 
 
 def specopd_config(budget_tokens: int, g: int, *, anchors_per_seq: int, branches: int, seqs_per_step: int,
-                   lr: float, temperature: float = 1.0, greedy_branch: bool = False, loss: str = "e2e_tv"):
-    """The SpecOPD arm: seqs x anchors x branches x ``g`` supervised branch tokens per step, as many steps as the
-    budget buys, every step logged, no mid-run checkpoints."""
+                   lr: float, temperature: float = 1.0, greedy_branch: bool = False, loss: str = "e2e_tv",
+                   reference_branch: float = 0.0):
+    """The SpecOPD arm: seqs x anchors x branches x ``g`` supervised branch tokens per step (branches + 1 with the
+    reference branch), as many steps as the budget buys, every step logged, no mid-run checkpoints."""
     from specopd_trainer.loops.specopd import SpecOPDConfig
 
-    per_step = seqs_per_step * anchors_per_seq * branches * g
+    per_step = seqs_per_step * anchors_per_seq * (branches + (1 if reference_branch > 0 else 0)) * g
     return SpecOPDConfig(anchors_per_seq=anchors_per_seq, branches=branches, seqs_per_step=seqs_per_step,
                          temperature=temperature, greedy_branch=greedy_branch, loss=loss, lr=lr, warmup_steps=2,
+                         reference_branch=reference_branch,
                          log_every=1, ckpt_every=10**6, steps=max(1, round(budget_tokens / per_step)))
 
 
@@ -123,6 +125,8 @@ def main(argv=None) -> int:
     ap.add_argument("--temperature", type=float, default=1.0, help="SpecOPD branch sampling temperature")
     ap.add_argument("--greedy-branch", action=argparse.BooleanOptionalAction, default=False,
                     help="SpecOPD branch 0 is the argmax block (the served DFLASH proposal)")
+    ap.add_argument("--reference-branch", type=float, default=0.0,
+                    help="SpecOPD: lambda of the reference (T=0 path) branch per anchor (loss e2e_fkl_is; 0 = off)")
     ap.add_argument("--loss", default="e2e_tv",
                     help="SpecOPD's proposal-tree loss (e2e_tv, e2e_fkl, tv, fkl, rkl; see specopd_kernels.losses)")
     ap.add_argument("--extra-losses", nargs="*", default=[], metavar="LOSS",
@@ -199,7 +203,8 @@ def main(argv=None) -> int:
         scfg = specopd_config(args.budget_tokens, G, anchors_per_seq=args.anchors, branches=args.branches,
                               seqs_per_step=args.seqs_per_step, lr=args.specopd_lr or args.lr,
                               temperature=args.temperature,
-                              greedy_branch=args.greedy_branch, loss=args.loss)
+                              greedy_branch=args.greedy_branch, loss=args.loss,
+                              reference_branch=args.reference_branch)
         t0 = time.monotonic()
         summary = train_specopd(b, client, train_seqs, run / "specopd", scfg)
         wall["specopd"], tokens["specopd"] = time.monotonic() - t0, summary["supervised_tokens"]
@@ -217,7 +222,11 @@ def main(argv=None) -> int:
             shutil.rmtree(run / name, ignore_errors=True)
             e = copy.deepcopy(base)
             t0 = time.monotonic()
-            summary = train_specopd(e, client, train_seqs, run / name, scfg.model_copy(update={"loss": loss_name}))
+            summary = train_specopd(e, client, train_seqs, run / name, specopd_config(
+                args.budget_tokens, G, anchors_per_seq=args.anchors, branches=args.branches,
+                seqs_per_step=args.seqs_per_step, lr=args.specopd_lr or args.lr, temperature=args.temperature,
+                greedy_branch=args.greedy_branch, loss=loss_name,
+                reference_branch=args.reference_branch if loss_name == "e2e_fkl_is" else 0.0))
             wall[name], tokens[name] = time.monotonic() - t0, summary["supervised_tokens"]
             push(server.url, e, name)
             acceptance[name] = evaluate(server.url, tok, args.eval_max_new_tokens, limit=args.eval_limit)

@@ -10,7 +10,8 @@ never used (it took the first ``--per-domain`` train-split prompts). Arms::
     specopd:A=32,K=8,S=1,lr=5e-4,temp=1.0,greedy=1
                                              SpecOPD: anchors/seq, branches, seqs/step, LR, sampling temperature,
                                              branch 0 = the argmax block (1) or sampled (0), loss
-                                             (e2e_tv by default; tv, fkl, rkl: the registry's tree losses)
+                                             (e2e_tv by default; tv, fkl, rkl: the registry's tree losses), ref:
+                                             lambda of the reference (T=0 path) branch (loss e2e_fkl_is)
 
     python benchmarks/specopd_sweep.py --sft-run runs/sft_smollm2_big --arms sft:lr=5e-4 specopd:A=64,K=4,S=1
 """
@@ -29,7 +30,7 @@ from pathlib import Path
 DOMAINS = ["dialogue", "coding", "math", "agentic"]
 ADMIN_KEY = "specopd-sweep-admin"
 SPECOPD_KEYS = {"A": "anchors_per_seq", "K": "branches", "S": "seqs_per_step", "lr": "lr", "temp": "temperature",
-                "greedy": "greedy_branch", "loss": "loss"}
+                "greedy": "greedy_branch", "loss": "loss", "ref": "reference_branch"}
 
 
 def parse_arm(text: str) -> tuple[str, dict]:
@@ -48,7 +49,7 @@ def parse_arm(text: str) -> tuple[str, dict]:
         elif key == "greedy":
             params[key] = bool(int(value))
         else:
-            params[key] = float(value) if key in ("lr", "temp") else int(value)
+            params[key] = float(value) if key in ("lr", "temp", "ref") else int(value)
     return kind, params
 
 

@@ -143,6 +143,56 @@ def test_e2e_fkl_is_tree_equals_expanded_branches(temperature):
         tree_loss("e2e_fkl_is", p_rows, q.reshape(a * g, v), rd, pk.row_index)
 
 
+def test_e2e_fkl_is_with_greedy_path_branches_hand_weights():
+    """lambda mixes the sampled branches' accepted-prefix weights with T=0 weights on greedy-path branches, whose
+    slot i counts only where the drafter's argmax matched the path on every earlier slot (checked against the
+    per-branch KL with weights written out)."""
+    from specopd_kernels.losses import accepted_prefix_weights, draft_accept_ratio, forward_kl
+
+    torch.manual_seed(4)
+    a, k, g, v = 2, 3, 4, 9
+    q = torch.randn(a, g, v, requires_grad=True)
+    argmax = q.detach().argmax(-1)  # [A, G]
+    sampled = torch.randint(0, v, (a, k, g))
+    greedy = argmax.clone()
+    greedy[0, 2] = (argmax[0, 2] + 1) % v  # anchor 0: the path leaves the drafter's argmax at slot 3
+    greedy[1, 3] = -1  # anchor 1: the reference ends after slot 3
+    branches = torch.cat([sampled, greedy.clamp(min=0)[:, None]], 1)  # [A, K+1, G]
+    pk = pack_branches(branches, g - 1)
+    p_rows = torch.randn(pk.row_anchor.numel(), v)
+    rd = pk.row_anchor * g + pk.row_slot
+    gb = torch.arange(a) * (k + 1) + k
+    lam = 0.3
+    loss = tree_loss("e2e_fkl_is", p_rows, q.reshape(a * g, v), rd, pk.row_index, row_token=pk.row_token,
+                     greedy_branches=gb, greedy_tokens=greedy, greedy_weight=lam)
+    (grad,) = torch.autograd.grad(loss, q)
+    # by hand: expanded per-branch KL and the two weight families
+    n = a * (k + 1)
+    pe = p_rows[pk.row_index]
+    qe = q[:, None].expand(a, k + 1, g, v).reshape(n, g, v)
+    kl = forward_kl(pe, qe, reduction="none")
+    with torch.no_grad():
+        alpha = torch.minimum(torch.softmax(pe, -1), torch.softmax(qe, -1)).sum(-1)
+        c_is = accepted_prefix_weights(alpha, draft_accept_ratio(pe, qe, branches.reshape(n, g))[:, : g - 1])
+    # E2E weights of the hits: anchor 0 hits (1, 1, 0, 1): slot 3 is reached (and would extend to slot 4), slot
+    # 4 is not; anchor 1 hits (1, 1, 1, past the end): the last slot weighs nothing
+    c0 = torch.tensor([[1.0 + 1, 1, 1 + 1, 0], [1.0 + 1 + 1, 1 + 1, 1, 0]])
+    w = c_is * (1 - lam) / (a * k)
+    w[gb] = c0 * lam / a
+    expected = (w * kl).sum() / g
+    (g_exp,) = torch.autograd.grad(expected, q)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    torch.testing.assert_close(grad, g_exp, atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="term of e2e_fkl_is"):
+        tree_loss("e2e_fkl", p_rows, q.reshape(a * g, v), rd, pk.row_index, greedy_branches=gb, greedy_tokens=greedy)
+    with pytest.raises(ValueError, match="greedy_tokens must be int64"):
+        tree_loss("e2e_fkl_is", p_rows, q.reshape(a * g, v), rd, pk.row_index, row_token=pk.row_token,
+                  greedy_branches=gb, greedy_tokens=greedy[:, :2])
+    with pytest.raises(ValueError, match="greedy_weight"):
+        tree_loss("e2e_fkl_is", p_rows, q.reshape(a * g, v), rd, pk.row_index, row_token=pk.row_token,
+                  greedy_branches=gb, greedy_tokens=greedy, greedy_weight=1.0)
+
+
 def test_tree_loss_bad_input():
     p = torch.zeros(2, 3)
     with pytest.raises(KeyError, match="no proposal-tree form"):

@@ -84,3 +84,31 @@ def test_e2e_fkl_is_step_equals_the_expanded_loss_on_the_sampled_branches(monkey
         total, n = total + expanded.item() * a, n + a
     assert loss.item() == pytest.approx(total / n, rel=1e-4)
     assert m["supervised_tokens"] == 2 * 4 * 5 * g and loss.item() > 0
+
+
+def test_reference_branch_is_the_reference_continuation(monkeypatch):
+    """With reference_branch = lambda, branch K of every anchor is the reference continuation (-1 past the end,
+    packed as token 0), counted as supervised; the config refuses it without e2e_fkl_is."""
+    import specopd_trainer.loops.branch_tree as bt
+    from specopd_trainer.loops.specopd import SpecOPDConfig, reference_blocks, specopd_step
+
+    assert reference_blocks(torch.tensor([5, 6, 7, 8]), torch.tensor([0, 2]), 3).tolist() == [[6, 7, 8], [8, -1, -1]]
+    seen = []
+    real = bt.pack_branches
+    monkeypatch.setattr(bt, "pack_branches", lambda branches, depth: seen.append(branches.clone()) or
+                        real(branches, depth))
+    drafter, seqs, scorer = tiny_drafter(), tiny_sequences(2), _Scorer()
+    cfg = SpecOPDConfig(anchors_per_seq=4, branches=3, seqs_per_step=2, loss="e2e_fkl_is", reference_branch=0.5)
+    loss, m = specopd_step(drafter, scorer, seqs, cfg, torch.Generator().manual_seed(0))
+    g = drafter.block_size - 1
+    assert torch.isfinite(loss) and m["supervised_tokens"] == 2 * 4 * (3 + 1) * g and len(m["alpha"]) == g
+    for s, branches, ref in zip(seqs, seen, scorer.requests[0].references):
+        anchors = torch.tensor([t.anchor for t in ref.trees])
+        assert branches.shape == (4, 4, g)
+        assert torch.equal(branches[:, 3], reference_blocks(s.token_ids, anchors, g).clamp(min=0))
+    # lambda changes the loss (the reference term weighs differently from the sampled branches)
+    other, _ = specopd_step(drafter, _Scorer(), seqs, cfg.model_copy(update={"reference_branch": 0.9}),
+                            torch.Generator().manual_seed(0))
+    assert abs(other.item() - loss.item()) > 1e-6
+    with pytest.raises(ValueError, match="needs loss e2e_fkl_is"):
+        SpecOPDConfig(reference_branch=0.5)

@@ -100,23 +100,30 @@ def tree_alpha_reference(target_rows: torch.Tensor, draft_logits: torch.Tensor, 
 
 def tree_loss(name: str, target_rows: torch.Tensor, draft_logits: torch.Tensor, row_draft: torch.Tensor,
               row_index: torch.Tensor, *, row_token: Optional[torch.Tensor] = None,
-              sample_temperature: float = 1.0) -> torch.Tensor:
+              sample_temperature: float = 1.0, greedy_branches: Optional[torch.Tensor] = None,
+              greedy_tokens: Optional[torch.Tensor] = None, greedy_weight: float = 0.5) -> torch.Tensor:
     """Loss ``name`` (one of :data:`TREE_LOSSES`) over N branches x G slots given by ``row_index`` into R rows.
 
     Arguments as in :func:`tree_alpha`; ``e2e_fkl_is`` also needs ``row_token`` (int64 ``[R]``, the drafted
     token sitting at each node row, anything at anchor rows: :attr:`PackedBranches.row_token`) and the branches'
-    ``sample_temperature``. Returns an fp32 scalar equal to the registry loss on the expanded ``[N, G, V]``
+    ``sample_temperature``. ``e2e_fkl_is`` optionally takes greedy-path branches (:func:`_greedy_mix`):
+    ``greedy_branches`` int64 ``[M]`` (which of the N branches follow the target's greedy path, e.g. the
+    reference continuation), ``greedy_tokens`` int64 ``[M, G]`` (their tokens, -1 past the reference's end) and
+    ``greedy_weight`` lambda. Returns an fp32 scalar equal to the registry loss on the expanded ``[N, G, V]``
     tensors (mean reduction), value and gradient w.r.t. ``draft_logits``. Raises KeyError for a name without a
     tree form (e.g. ``ce_decay``, ``draft_opd``), ValueError on bad shapes or indices or a missing ``row_token``.
     Source: SpecOPD E2E-TV; per-token forms as in the loss registry.
     """
     return tree_loss_and_alpha(name, target_rows, draft_logits, row_draft, row_index, with_alpha=False,
-                               row_token=row_token, sample_temperature=sample_temperature)[0]
+                               row_token=row_token, sample_temperature=sample_temperature,
+                               greedy_branches=greedy_branches, greedy_tokens=greedy_tokens,
+                               greedy_weight=greedy_weight)[0]
 
 
 def tree_loss_and_alpha(name: str, target_rows: torch.Tensor, draft_logits: torch.Tensor, row_draft: torch.Tensor,
                         row_index: torch.Tensor, with_alpha: bool = True, *, row_token: Optional[torch.Tensor] = None,
-                        sample_temperature: float = 1.0):
+                        sample_temperature: float = 1.0, greedy_branches: Optional[torch.Tensor] = None,
+                        greedy_tokens: Optional[torch.Tensor] = None, greedy_weight: float = 0.5):
     """``(loss, alpha)``: :func:`tree_loss` and the detached ``[N, G]`` :func:`tree_alpha` (None unless
     ``with_alpha``). For the E2E-TV losses alpha is the loss's own intermediate (no second pass over the rows)."""
     if name not in TREE_LOSSES:
@@ -131,10 +138,15 @@ def tree_loss_and_alpha(name: str, target_rows: torch.Tensor, draft_logits: torc
                              f"at each tree row), got {None if row_token is None else tuple(row_token.shape)}")
         if not sample_temperature > 0:
             raise ValueError(f"sample_temperature must be > 0, got {sample_temperature}")
+    if greedy_branches is not None and name != "e2e_fkl_is":
+        raise ValueError(f"greedy-path branches are a term of e2e_fkl_is, not of {name!r}")
     if name in ("e2e_fkl", "e2e_fkl_is"):
+        greedy = None
+        if greedy_branches is not None:
+            greedy = _check_greedy(greedy_branches, greedy_tokens, greedy_weight, row_index, draft_logits.shape[1])
         return _e2e_fkl_tree(target_rows, draft_logits, row_draft, row_index, with_alpha,
                              row_token=row_token if name == "e2e_fkl_is" else None,
-                             sample_temperature=sample_temperature)
+                             sample_temperature=sample_temperature, greedy=greedy)
     per_row = _PER_TOKEN[name](target_rows, draft_logits[row_draft], reduction="none")  # [R]
     mult = torch.bincount(row_index.reshape(-1), minlength=target_rows.shape[0]).to(per_row.dtype)
     loss = (per_row * mult).sum() / mult.sum().clamp(min=1)
@@ -165,8 +177,47 @@ def _tree_accept_ratio(target_rows, draft_logits, row_draft, row_index, row_toke
         return torch.exp(torch.clamp(lp - lq, max=0.0))
 
 
+def _check_greedy(branches, tokens, weight: float, row_index, vocab: int):
+    n, g = row_index.shape
+    _check_index(branches, n, 1, "greedy_branches")
+    if branches.unique().numel() != branches.numel() or branches.numel() in (0, n):
+        raise ValueError("greedy_branches must be distinct and leave at least one sampled branch")
+    if tokens is None or tokens.dtype != torch.int64 or tokens.shape != (branches.numel(), g):
+        raise ValueError(f"greedy_tokens must be int64 [{branches.numel()}, {g}], got "
+                         f"{None if tokens is None else (tokens.dtype, tuple(tokens.shape))}")
+    if int(tokens.max()) >= vocab or int(tokens.min()) < -1:
+        raise ValueError(f"greedy_tokens must lie in [-1, {vocab}) (-1: past the reference's end)")
+    if not 0 < weight < 1:
+        raise ValueError(f"greedy_weight must lie in (0, 1), got {weight}")
+    return branches, tokens, float(weight)
+
+
+def _greedy_mix(weights_is: torch.Tensor, draft_logits, row_draft, row_index, greedy) -> torch.Tensor:
+    """Per-(branch, slot) weights, already divided by the branch count, mixing the two serving temperatures:
+
+        (1 - lambda) / N_s * c_is[n, i]        sampled branches (T > 0 states: accepted-prefix weights)
+        lambda / M * c_0[m, i]                 greedy-path branches (T = 0 states)
+
+    c_0 = :func:`acceptance_weights` of the T=0 acceptance indicators a[m, l] = 1[argmax q_l = x_l] along the greedy
+    path x (the target's greedy tokens, so the indicator is exactly whether a T=0 served block accepts slot l): slot
+    i weighs (prod_{l<i} a_l) (1 + sum_{j>i} prod_{i<l<=j} a_l), i.e. it is trained where a T=0 block reaches it,
+    weighted by the run it would extend; slots past the path's end (token -1) weigh 0. For a DFlash drafter the T=0 verified prefix is always the target's
+    greedy path, so these are T=0 serving's on-policy states."""
+    branches, tokens, lam = greedy
+    n = row_index.shape[0]
+    with torch.no_grad():
+        argmax = draft_logits.detach().argmax(dim=-1)[row_draft[row_index[branches]]]  # [M, G]
+        valid = tokens >= 0
+        c0 = acceptance_weights((argmax == tokens).float(), valid)
+        sampled = torch.ones(n, dtype=torch.bool, device=row_index.device)
+        sampled[branches] = False
+        out = weights_is * ((1 - lam) / int(sampled.sum()))
+        out[branches] = c0 * (lam / (branches.numel() * row_index.shape[1]))
+        return out
+
+
 def _e2e_fkl_tree(target_rows, draft_logits, row_draft, row_index, with_alpha: bool, chunk: int = 256,
-                  row_token: Optional[torch.Tensor] = None, sample_temperature: float = 1.0):
+                  row_token: Optional[torch.Tensor] = None, sample_temperature: float = 1.0, greedy=None):
     """E2E-KL over the tree without materialising ``[R, V]`` draft log-probs (with ``row_token``: the
     accepted-prefix weights of ``e2e_fkl_is`` instead of E2E's).
 
@@ -183,6 +234,8 @@ def _e2e_fkl_tree(target_rows, draft_logits, row_draft, row_index, with_alpha: b
             ratio = _tree_accept_ratio(target_rows, draft_logits, row_draft, row_index, row_token,
                                        sample_temperature, chunk)
             weights = accepted_prefix_weights(alpha, ratio) / alpha.shape[1]
+        if greedy is not None:  # weights already averaged over branches: undo the mean below
+            weights = _greedy_mix(weights, draft_logits, row_draft, row_index, greedy) * row_index.shape[0]
         w_rows = torch.zeros(target_rows.shape[0], dtype=torch.float32, device=target_rows.device)
         w_rows.index_add_(0, row_index.reshape(-1), weights.reshape(-1))
         p_bar = torch.zeros(draft_logits.shape, dtype=torch.float32, device=draft_logits.device)

@@ -21,7 +21,7 @@ import time
 from typing import Dict, List, Literal, Tuple
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class SpecOPDConfig(BaseModel):
@@ -39,6 +39,12 @@ class SpecOPDConfig(BaseModel):
         default=False, description="branch 0 of every anchor is the argmax block (what SGLang's DFLASH worker "
                                    "proposes at every temperature); the other branches are sampled")
     loss: str = "e2e_tv"
+    reference_branch: float = Field(
+        default=0.0, ge=0, lt=1,
+        description="lambda of the T=0 term (loss e2e_fkl_is only; 0 = off): the reference continuation, the "
+                    "target's greedy path and so the states a T=0 served DFlash block visits, is one more branch "
+                    "per anchor, weighted by the drafter's T=0 acceptance along it; the loss is (1 - lambda) x the "
+                    "sampled branches' + lambda x the reference branches'. Its tokens count as supervised")
     lr: float = Field(default=3e-4, gt=0)
     warmup_steps: int = Field(default=10, ge=0)
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
@@ -58,6 +64,17 @@ class SpecOPDConfig(BaseModel):
         if v not in TREE_LOSSES:
             raise ValueError(f"unknown SpecOPD loss {v!r}; valid: {', '.join(TREE_LOSSES)}")
         return v
+
+    @model_validator(mode="after")
+    def _reference_branch_loss(self):
+        if self.reference_branch > 0 and self.loss != "e2e_fkl_is":
+            raise ValueError(f"reference_branch > 0 needs loss e2e_fkl_is, got {self.loss!r}")
+        return self
+
+    @property
+    def branches_per_anchor(self) -> int:
+        """Branches the loss trains on per anchor: the sampled ones plus the reference branch when it is on."""
+        return self.branches + (1 if self.reference_branch > 0 else 0)
 
 
 def sample_branches(draft_logits: torch.Tensor, k: int, temperature: float, gen: torch.Generator) -> torch.Tensor:
@@ -88,6 +105,13 @@ def target_head_logits(head, hidden: torch.Tensor, dtype: str = "float32") -> to
     return (hidden.to(torch.bfloat16) @ _HEAD_CACHE[key].T).float()
 
 
+def reference_blocks(token_ids: torch.Tensor, anchors: torch.Tensor, g: int) -> torch.Tensor:
+    """The reference continuation of every anchor, int64 ``[A, g]``: ``token_ids[a+1 .. a+g]``, -1 past the end."""
+    pos = anchors[:, None] + 1 + torch.arange(g)[None]  # [A, g]
+    ids = torch.as_tensor(token_ids, dtype=torch.long)
+    return torch.where(pos < ids.numel(), ids[pos.clamp(max=ids.numel() - 1)], torch.full_like(pos, -1))
+
+
 def build_tree_request(seqs, anchors_list, packed_list, block_size: int):
     """The score_trees request of one step: per sequence its anchors, each with its trie of branch tokens."""
     from sglang_specopd.protocol import ScoreTreesRequest
@@ -108,7 +132,9 @@ def specopd_step(drafter, client, seqs: List, cfg: SpecOPDConfig, gen: torch.Gen
     expanded branches). Metrics: ``supervised_tokens`` = anchors x branches x G (branch tokens the loss
     trains on), ``scored_rows`` = distinct target rows behind them (anchor rows + tree nodes), ``alpha`` per
     slot (mean over branches), ``est_tau`` = 1 + E[A] from those alphas, wall seconds ``draft_s`` (drafter
-    forward + sampling + packing), ``score_s`` (the server call), ``loss_s`` (target head + loss forward).
+    forward + sampling + packing), ``score_s`` (the server call), ``loss_s`` (target head + loss forward). With
+    ``cfg.reference_branch`` the reference continuation is one more branch per anchor (counted in
+    ``supervised_tokens``; ``alpha`` / ``est_tau`` stay over the sampled branches).
     """
     from specopd_kernels.losses import expected_acceptance_length, tree_loss_and_alpha
     from specopd_trainer.loops.branch_tree import pack_branches
@@ -127,17 +153,22 @@ def specopd_step(drafter, client, seqs: List, cfg: SpecOPDConfig, gen: torch.Gen
         branches = sample_branches(q, cfg.branches, cfg.temperature, gen)  # [A, K, G]
         if cfg.greedy_branch:
             branches[:, 0] = q.detach().argmax(dim=-1)
+        ref = None
+        if cfg.reference_branch > 0:  # branch K of every anchor: the reference continuation (T=0 served path)
+            ref = reference_blocks(s.token_ids, anchors, g)
+            branches = torch.cat([branches, ref.clamp(min=0)[:, None]], dim=1)
         packed = pack_branches(branches, g - 1)
-        per_seq.append((s, anchors, q, packed))
+        per_seq.append((s, anchors, q, packed, ref))
     if not per_seq:
         raise ValueError("no sequence of this step has a response position to anchor at")
     t1 = time.monotonic()
     scored = client.score_trees(build_tree_request([x[0] for x in per_seq], [x[1] for x in per_seq],
                                                    [x[3] for x in per_seq], B))
+    kb = cfg.branches_per_anchor
     t2 = time.monotonic()
     total, alphas, taus, n, rows = 0.0, [], [], 0, 0
     head = drafter._head()
-    for (s, anchors, q, packed), sc in zip(per_seq, scored):
+    for (s, anchors, q, packed, ref), sc in zip(per_seq, scored):
         with torch.no_grad():
             p_rows = target_head_logits(head, sc.hidden, cfg.head_dtype)  # [A + nodes, V] fp32
         if p_rows.shape[0] != packed.row_anchor.numel():
@@ -145,8 +176,13 @@ def specopd_step(drafter, client, seqs: List, cfg: SpecOPDConfig, gen: torch.Gen
         q_flat = q.reshape(-1, q.shape[-1])  # [A*G, V], one row per (anchor, slot); gradient flows to q
         row_draft = packed.row_anchor * g + packed.row_slot
         # alpha [A*K, G] (detached) comes with the loss: for E2E-TV it is the loss's own intermediate
+        greedy = {}
+        if ref is not None:
+            greedy = {"greedy_branches": torch.arange(len(anchors)) * kb + cfg.branches, "greedy_tokens": ref,
+                      "greedy_weight": cfg.reference_branch}
         loss, alpha = tree_loss_and_alpha(cfg.loss, p_rows, q_flat, row_draft, packed.row_index,
-                                          row_token=packed.row_token, sample_temperature=cfg.temperature)
+                                          row_token=packed.row_token, sample_temperature=cfg.temperature, **greedy)
+        alpha = alpha.view(len(anchors), kb, g)[:, : cfg.branches].reshape(-1, g)  # metrics: sampled branches
         _, tau = expected_acceptance_length(alpha)
         total = total + loss * len(anchors)
         n += len(anchors)
@@ -155,6 +191,6 @@ def specopd_step(drafter, client, seqs: List, cfg: SpecOPDConfig, gen: torch.Gen
         taus.append(float(tau.mean()))
     loss = total / n
     metrics = {"alpha": torch.stack(alphas).mean(0).tolist(), "est_tau": sum(taus) / len(taus),
-               "supervised_tokens": n * cfg.branches * g, "scored_rows": rows,
+               "supervised_tokens": n * kb * g, "scored_rows": rows,
                "draft_s": t1 - t0, "score_s": t2 - t1, "loss_s": time.monotonic() - t2}
     return loss, metrics
