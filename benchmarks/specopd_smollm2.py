@@ -15,8 +15,10 @@ included). Writes ``benchmarks/results/specopd_smollm2_cpu.json`` and a plot.
 The start is the plateaued SFT drafter of
 ``python benchmarks/sft_smollm2.py --run-dir runs/sft_smollm2_big --out runs/sft_smollm2_big/result.json
 --per-domain 100 --max-new-tokens 160 --minutes 60`` (its result is committed as
-``benchmarks/results/sft_smollm2_big_cpu.json``). SpecOPD's settings (anchors x branches x sequences, LR) were
-chosen on validation prompts by ``benchmarks/specopd_sweep.py``, never on the held-out eval prompts reported here.
+``benchmarks/results/sft_smollm2_big_cpu.json``). SpecOPD's settings (anchors x branches x sequences, LR, loss:
+16 x 8 x 1, 1e-3, E2E-KL with accepted-prefix weights) were chosen on validation prompts by
+``benchmarks/specopd_sweep.py`` (``specopd_sweep_is_smollm2_cpu.json``), never on the held-out eval prompts
+reported here.
 """
 
 from __future__ import annotations
@@ -117,9 +119,9 @@ def main(argv=None) -> int:
     ap.add_argument("--refs-offset", type=int, default=108)
     ap.add_argument("--refs-per-domain", type=int, default=60)
     ap.add_argument("--budget-tokens", type=int, default=229376)
-    ap.add_argument("--anchors", type=int, default=32)
-    ap.add_argument("--branches", type=int, default=16)
-    ap.add_argument("--seqs-per-step", type=int, default=2)
+    ap.add_argument("--anchors", type=int, default=16)
+    ap.add_argument("--branches", type=int, default=8)
+    ap.add_argument("--seqs-per-step", type=int, default=1)
     ap.add_argument("--rollout-prompts", type=int, default=16)
     ap.add_argument("--rollout-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=1.0, help="SpecOPD branch sampling temperature")
@@ -127,7 +129,7 @@ def main(argv=None) -> int:
                     help="SpecOPD branch 0 is the argmax block (the served DFLASH proposal)")
     ap.add_argument("--reference-branch", type=float, default=0.0,
                     help="SpecOPD: lambda of the reference (T=0 path) branch per anchor (loss e2e_fkl_is; 0 = off)")
-    ap.add_argument("--loss", default="e2e_tv",
+    ap.add_argument("--loss", default="e2e_fkl_is",
                     help="SpecOPD's proposal-tree loss (e2e_tv, e2e_fkl, tv, fkl, rkl; see specopd_kernels.losses)")
     ap.add_argument("--extra-losses", nargs="*", default=[], metavar="LOSS",
                     help="also run SpecOPD with these proposal-tree losses (tv, fkl, rkl), reported as specopd_LOSS")
