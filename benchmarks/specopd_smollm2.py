@@ -77,11 +77,11 @@ def specopd_config(budget_tokens: int, g: int, *, anchors_per_seq: int, branches
     reference branch), as many steps as the budget buys, every step logged, no mid-run checkpoints."""
     from specopd_trainer.loops.specopd import SpecOPDConfig
 
-    per_step = seqs_per_step * anchors_per_seq * (branches + (1 if reference_branch > 0 else 0)) * g
-    return SpecOPDConfig(anchors_per_seq=anchors_per_seq, branches=branches, seqs_per_step=seqs_per_step,
-                         temperature=temperature, greedy_branch=greedy_branch, loss=loss, lr=lr, warmup_steps=2,
-                         reference_branch=reference_branch,
-                         log_every=1, ckpt_every=10**6, steps=max(1, round(budget_tokens / per_step)))
+    cfg = SpecOPDConfig(anchors_per_seq=anchors_per_seq, branches=branches, seqs_per_step=seqs_per_step,
+                        temperature=temperature, greedy_branch=greedy_branch, loss=loss, lr=lr, warmup_steps=2,
+                        reference_branch=reference_branch, log_every=1, ckpt_every=10**6)
+    per_step = seqs_per_step * anchors_per_seq * cfg.branches_per_anchor * g
+    return cfg.model_copy(update={"steps": max(1, round(budget_tokens / per_step))})
 
 
 def prepare_references(refs_dir: Path, tok, layer_ids, *, offset: int, per_domain: int, max_new_tokens: int,
