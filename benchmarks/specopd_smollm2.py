@@ -5,7 +5,7 @@ every trained drafter is pushed into it with the admin hot-swap route and evalua
 length per domain on held-out prompts, T=0 and T=1, from SGLang's own per-request statistics). Budget: the same
 number of target-scored (supervised) draft tokens for each method:
   (a) continued SFT   anchors x (B-1) labelled positions per step (target responses already collected);
-  (b) SpecOPD         anchors x branches x (B-1) per step, one score_trees call per step;
+  (b) SpecOPD         seqs x (anchors x branches x (B-1) + root anchors) per step, one score_trees call per step;
   (c) sequential OPD  verify records x (B-1) per step from real SPECOPD rollouts (drafter pushed every step).
 Supervised tokens per second are measured for (b) and (c) over their whole training loops (server calls
 included). Writes ``benchmarks/results/specopd_smollm2_cpu.json`` and a plot.
@@ -15,10 +15,10 @@ included). Writes ``benchmarks/results/specopd_smollm2_cpu.json`` and a plot.
 The start is the plateaued SFT drafter of
 ``python benchmarks/sft_smollm2.py --run-dir runs/sft_smollm2_big --out runs/sft_smollm2_big/result.json
 --per-domain 100 --max-new-tokens 160 --minutes 60`` (its result is committed as
-``benchmarks/results/sft_smollm2_big_cpu.json``). SpecOPD's settings (anchors x branches x sequences, LR, loss:
-16 x 8 x 1, 1e-3, E2E-KL with accepted-prefix weights) were chosen on validation prompts by
-``benchmarks/specopd_sweep.py`` (``specopd_sweep_is_smollm2_cpu.json``), never on the held-out eval prompts
-reported here.
+``benchmarks/results/sft_smollm2_big_cpu.json``). SpecOPD's settings (8 branch anchors x 7 branches + 64 root
+anchors per sequence, 2 sequences per step, LR 1e-3, E2E-KL with accepted-prefix weights) were chosen on validation
+prompts by ``benchmarks/specopd_sweep.py`` (``specopd_sweep_is_smollm2_cpu.json``,
+``specopd_sweep_root_smollm2_cpu.json``), never on the held-out eval prompts reported here.
 """
 
 from __future__ import annotations
@@ -72,15 +72,17 @@ def continued_sft_config(budget_tokens: int, g: int, lr: float):
 
 def specopd_config(budget_tokens: int, g: int, *, anchors_per_seq: int, branches: int, seqs_per_step: int,
                    lr: float, temperature: float = 1.0, greedy_branch: bool = False, loss: str = "e2e_tv",
-                   reference_branch: float = 0.0):
-    """The SpecOPD arm: seqs x anchors x branches x ``g`` supervised branch tokens per step (branches + 1 with the
-    reference branch), as many steps as the budget buys, every step logged, no mid-run checkpoints."""
+                   reference_branch: float = 0.0, root_anchors: int = 0):
+    """The SpecOPD arm: seqs x (anchors x branches x ``g`` supervised branch tokens (branches + 1 with the
+    reference branch) + root anchors x 1 slot-1 token) per step, as many steps as the budget buys, every step
+    logged, no mid-run checkpoints."""
     from specopd_trainer.loops.specopd import SpecOPDConfig
 
     cfg = SpecOPDConfig(anchors_per_seq=anchors_per_seq, branches=branches, seqs_per_step=seqs_per_step,
                         temperature=temperature, greedy_branch=greedy_branch, loss=loss, lr=lr, warmup_steps=2,
-                        reference_branch=reference_branch, log_every=1, ckpt_every=10**6)
-    per_step = seqs_per_step * anchors_per_seq * cfg.branches_per_anchor * g
+                        reference_branch=reference_branch, root_anchors_per_seq=root_anchors, log_every=1,
+                        ckpt_every=10**6)
+    per_step = seqs_per_step * (anchors_per_seq * cfg.branches_per_anchor * g + root_anchors)
     return cfg.model_copy(update={"steps": max(1, round(budget_tokens / per_step))})
 
 
@@ -119,9 +121,9 @@ def main(argv=None) -> int:
     ap.add_argument("--refs-offset", type=int, default=108)
     ap.add_argument("--refs-per-domain", type=int, default=60)
     ap.add_argument("--budget-tokens", type=int, default=229376)
-    ap.add_argument("--anchors", type=int, default=16)
-    ap.add_argument("--branches", type=int, default=8)
-    ap.add_argument("--seqs-per-step", type=int, default=1)
+    ap.add_argument("--anchors", type=int, default=8)
+    ap.add_argument("--branches", type=int, default=7)
+    ap.add_argument("--seqs-per-step", type=int, default=2)
     ap.add_argument("--rollout-prompts", type=int, default=16)
     ap.add_argument("--rollout-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=1.0, help="SpecOPD branch sampling temperature")
@@ -129,6 +131,8 @@ def main(argv=None) -> int:
                     help="SpecOPD branch 0 is the argmax block (the served DFLASH proposal)")
     ap.add_argument("--reference-branch", type=float, default=0.0,
                     help="SpecOPD: lambda of the reference (T=0 path) branch per anchor (loss e2e_fkl_is; 0 = off)")
+    ap.add_argument("--root-anchors", type=int, default=64,
+                    help="SpecOPD: extra anchors per sequence scored at the tree root only (slot 1; loss e2e_fkl(_is))")
     ap.add_argument("--loss", default="e2e_fkl_is",
                     help="SpecOPD's proposal-tree loss (e2e_tv, e2e_fkl, tv, fkl, rkl; see specopd_kernels.losses)")
     ap.add_argument("--extra-losses", nargs="*", default=[], metavar="LOSS",
@@ -206,7 +210,7 @@ def main(argv=None) -> int:
                               seqs_per_step=args.seqs_per_step, lr=args.specopd_lr or args.lr,
                               temperature=args.temperature,
                               greedy_branch=args.greedy_branch, loss=args.loss,
-                              reference_branch=args.reference_branch)
+                              reference_branch=args.reference_branch, root_anchors=args.root_anchors)
         t0 = time.monotonic()
         summary = train_specopd(b, client, train_seqs, run / "specopd", scfg)
         wall["specopd"], tokens["specopd"] = time.monotonic() - t0, summary["supervised_tokens"]
@@ -228,7 +232,8 @@ def main(argv=None) -> int:
                 args.budget_tokens, G, anchors_per_seq=args.anchors, branches=args.branches,
                 seqs_per_step=args.seqs_per_step, lr=args.specopd_lr or args.lr, temperature=args.temperature,
                 greedy_branch=args.greedy_branch, loss=loss_name,
-                reference_branch=args.reference_branch if loss_name == "e2e_fkl_is" else 0.0))
+                reference_branch=args.reference_branch if loss_name == "e2e_fkl_is" else 0.0,
+                root_anchors=args.root_anchors if loss_name in ("e2e_fkl", "e2e_fkl_is") else 0))
             wall[name], tokens[name] = time.monotonic() - t0, summary["supervised_tokens"]
             push(server.url, e, name)
             acceptance[name] = evaluate(server.url, tok, args.eval_max_new_tokens, limit=args.eval_limit)

@@ -11,7 +11,8 @@ never used (it took the first ``--per-domain`` train-split prompts). Arms::
                                              SpecOPD: anchors/seq, branches, seqs/step, LR, sampling temperature,
                                              branch 0 = the argmax block (1) or sampled (0), loss
                                              (e2e_tv by default; tv, fkl, rkl: the registry's tree losses), ref:
-                                             lambda of the reference (T=0 path) branch (loss e2e_fkl_is)
+                                             lambda of the reference (T=0 path) branch (loss e2e_fkl_is), R:
+                                             root anchors per sequence (slot 1 only; loss e2e_fkl(_is))
 
     python benchmarks/specopd_sweep.py --sft-run runs/sft_smollm2_big --arms sft:lr=5e-4 specopd:A=64,K=4,S=1
 """
@@ -30,7 +31,7 @@ from pathlib import Path
 DOMAINS = ["dialogue", "coding", "math", "agentic"]
 ADMIN_KEY = "specopd-sweep-admin"
 SPECOPD_KEYS = {"A": "anchors_per_seq", "K": "branches", "S": "seqs_per_step", "lr": "lr", "temp": "temperature",
-                "greedy": "greedy_branch", "loss": "loss", "ref": "reference_branch"}
+                "greedy": "greedy_branch", "loss": "loss", "ref": "reference_branch", "R": "root_anchors"}
 
 
 def parse_arm(text: str) -> tuple[str, dict]:

@@ -88,6 +88,9 @@ def train_specopd_cmd(
                                        help="Branch 0 of every anchor is the argmax block (the served proposal)."),
     loss: str = typer.Option("e2e_tv", "--loss", help="Proposal-tree loss of the registry: e2e_tv (the paper's), e2e_fkl, "
                                    "e2e_fkl_is (E2E-KL with accepted-prefix weights), tv, fkl, rkl, e2e_tv_fused."),
+    root_anchors: int = typer.Option(0, "--root-anchors", min=0,
+                                     help="Extra anchors per sequence scored at the tree root only: slot 1's loss term "
+                                          "over more contexts at no extra target forward (loss e2e_fkl / e2e_fkl_is)."),
     lr: float = typer.Option(3e-4, "--lr", help="Peak learning rate (AdamW)."),
     warmup: int = typer.Option(10, "--warmup", min=0, help="Warmup steps (then cosine decay)."),
     log_every: int = typer.Option(1, "--log-every", min=1, help="metrics.jsonl row every N steps."),
@@ -108,7 +111,7 @@ def train_specopd_cmd(
 
         cfg = _config(SpecOPDConfig, steps=steps, max_minutes=max_minutes, seqs_per_step=seqs_per_step,
                       anchors_per_seq=anchors, branches=branches, temperature=temperature,
-                      greedy_branch=greedy_branch, loss=loss, lr=lr,
+                      greedy_branch=greedy_branch, loss=loss, root_anchors_per_seq=root_anchors, lr=lr,
                       warmup_steps=warmup, seed=seed, log_every=log_every, ckpt_every=ckpt_every,
                       push_every=push_every)
         _parse_domains(data)  # fail on a bad --data before touching the server

@@ -53,7 +53,10 @@ class AnchorTree(BaseModel):
                     parents.append(-1 if j == 0 else len(tokens) - 1)
                     tokens.append(t)
             return tokens, parents
-        parents = self.parents if self.parents is not None else [-1] + list(range(len(self.tokens) - 1))
+        if self.parents is not None:
+            parents = self.parents
+        else:  # a chain; no tokens (a root-only tree): no parents
+            parents = [-1] + list(range(len(self.tokens) - 1)) if self.tokens else []
         return list(self.tokens), list(parents)
 
 
@@ -73,6 +76,7 @@ class ScoreTreesRequest(BaseModel):
     logits), ``hidden`` (the target's final normed hidden state per scored row: the trainer applies the LM head
     itself, exact and ~V/H times smaller than full log-probs), ``logprobs`` (full log-probs, large).
     Scored rows per reference: first every anchor row (its prediction is the first draft slot), then every node.
+    A tree without nodes (``"tokens": []``) is root-only: it adds its anchor row, a prefix row, and no tree work.
     ``feature_layer_ids``: also return the target context features (SGLang's aux hidden-state capture at those
     layer ids, the DFlash convention) for all reference positions.
     """
@@ -113,9 +117,7 @@ def validate_request(req: ScoreTreesRequest, vocab_size: int, num_layers: int) -
                     if len(br) > req.block_size - 1:
                         raise ScoreTreesError(f"{where}.branches[{b}] has {len(br)} tokens; at most block_size - 1 = "
                                               f"{req.block_size - 1}")
-            tokens, parents = tree.flat()
-            if not tokens:
-                raise ScoreTreesError(f"{where}: no draft tokens")
+            tokens, parents = tree.flat()  # no tokens: a root-only tree, only its anchor row is scored
             bad = [t for t in tokens if not 0 <= t < vocab_size]
             if bad:
                 raise ScoreTreesError(f"{where}: token id {bad[0]} outside the vocabulary [0, {vocab_size})")

@@ -139,15 +139,20 @@ def score_trees_op(scheduler, payload: bytes):
             node_tokens.append(toks)
             node_parents.append(pars)
         prefix = torch.tensor(ref.input_ids, dtype=torch.long)
-        if anchors:
-            packed = pack_proposal_tree(prefix, anchors, node_tokens, node_parents, block_size=req.block_size)
+        # root-only trees (no nodes) need only their anchor rows of the prefix: they join no tree group
+        grown = [j for j, toks in enumerate(node_tokens) if toks]
+        t_anchors = [anchors[j] for j in grown]
+        t_parents = [node_parents[j] for j in grown]
+        if grown:
+            packed = pack_proposal_tree(prefix, t_anchors, [node_tokens[j] for j in grown], t_parents,
+                                        block_size=req.block_size)
             ids, pos = packed.input_ids, packed.positions
             node_anchor = packed.node_anchor
         else:
             ids, pos = prefix, torch.arange(len(prefix))
             node_anchor = torch.empty(0, dtype=torch.long)
         P = len(ref.input_ids)
-        layout = build_tree_layout(P, anchors, node_parents).to(device)
+        layout = build_tree_layout(P, t_anchors, t_parents).to(device)
         hidden, feats = tree_forward(model, ids.to(device), pos.to(device), layout, req.feature_layer_ids)
         rows = torch.cat([torch.tensor(anchors, dtype=torch.long), torch.arange(P, ids.shape[0])]).to(device)
         h = hidden.index_select(0, rows)

@@ -82,7 +82,6 @@ def test_valid_request_passes() -> None:
     ([{"anchor": 0, "tokens": [1, 2, 3], "parents": [-1, 2, 1]}], (1, 2),
      r"parents\[1\] = 2 is a cycle or forward reference"),
     ([{"anchor": 0, "tokens": [1, 2], "parents": [-1, -2]}], (1, 2), r"parents\[1\] = -2 is .*out of range"),
-    ([{"anchor": 0, "tokens": []}], (1, 2), r"trees\[0\]: no draft tokens"),
 ])
 def test_validate_request_rejects(trees, input_ids, match) -> None:
     with pytest.raises(ScoreTreesError, match=match):
@@ -250,3 +249,13 @@ def test_swap_payload_header() -> None:
     assert header == {"config": {"architectures": ["DFlashDraftModel"]}, "version": "v7",
                       "sha256_of_tensors": tensors_digest(tensors)}
     assert torch.equal(back["w"], tensors["w"])
+
+
+def test_root_only_tree_is_valid_in_both_forms() -> None:
+    """A tree with no nodes asks for its anchor row only (SpecOPD's root anchors); JSON and binary agree."""
+    from sglang_specopd.protocol import request_from_binary, request_to_binary
+
+    req = _req([{"anchor": 1, "tokens": []}, {"anchor": 0, "branches": [[1, 2]]}], (1, 2, 3))
+    validate_request(req, vocab_size=VOCAB, num_layers=LAYERS)
+    back = request_from_binary(request_to_binary(req))
+    assert [t.flat() for t in back.references[0].trees] == [([], []), ([1, 2], [-1, 0])]

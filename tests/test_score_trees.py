@@ -494,6 +494,30 @@ def test_trie_packed_branches_equal_chain_branches(shared_server: Shared) -> Non
     torch.testing.assert_close(h_trie[packed.row_index], chain_rows, atol=TOL, rtol=TOL)
 
 
+def test_root_only_trees_return_their_anchor_rows(shared_server: Shared) -> None:
+    """Trees without nodes (SpecOPD root anchors) return exactly the anchor rows a tree with nodes gets, alone or
+    mixed with trees that have nodes; rows stay [all anchor rows | nodes in tree order]."""
+    from trainer.client import SpecOPDClient
+
+    gen = torch.Generator().manual_seed(1)
+    prefix = torch.randint(5, shared_server.vocab_size, (20,), generator=gen).tolist()
+    full = ScoreTreesRequest(references=[{"input_ids": prefix, "trees": [
+        {"anchor": a, "branches": [[7, 8]]} for a in (2, 9, 15)]}], block_size=4, returns=["hidden"])
+    mixed = ScoreTreesRequest(references=[{"input_ids": prefix, "trees": [
+        {"anchor": 2, "branches": [[7, 8]]}, {"anchor": 9, "tokens": []}, {"anchor": 15, "tokens": []}]}],
+        block_size=4, returns=["hidden"])
+    roots = ScoreTreesRequest(references=[{"input_ids": prefix, "trees": [
+        {"anchor": a, "tokens": []} for a in (2, 9, 15)]}], block_size=4, returns=["hidden"])
+    with SpecOPDClient(shared_server.url, retries=0) as client:
+        h_full = client.score_trees(full)[0].hidden  # [3 anchors + 6 nodes, H]
+        h_mixed = client.score_trees(mixed)[0].hidden  # [3 anchors + 2 nodes, H]
+        h_roots = client.score_trees(roots)[0].hidden  # [3 anchors, H]
+    assert h_full.shape[0] == 9 and h_mixed.shape[0] == 5 and h_roots.shape[0] == 3
+    torch.testing.assert_close(h_mixed[:3], h_full[:3], atol=TOL, rtol=TOL)
+    torch.testing.assert_close(h_roots, h_full[:3], atol=TOL, rtol=TOL)
+    torch.testing.assert_close(h_mixed[3:], h_full[3:5], atol=TOL, rtol=TOL)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Bad input
 # ---------------------------------------------------------------------------------------------------------------

@@ -112,3 +112,64 @@ def test_reference_branch_is_the_reference_continuation(monkeypatch):
     assert abs(other.item() - loss.item()) > 1e-6
     with pytest.raises(ValueError, match="needs loss e2e_fkl_is"):
         SpecOPDConfig(reference_branch=0.5)
+
+
+def test_root_anchors_estimate_slot_one_over_all_anchors(monkeypatch):
+    """With root anchors, the step's loss is slot 1's E2E-KL-IS term averaged over branch AND root anchors (root
+    anchors weighted by the mean slot-1 weight D of the branch anchors) plus slots 2..G averaged over the branch
+    anchors, recomputed here by hand from the registry's pieces; root anchors are trees without nodes, count one
+    supervised token each and get gradient."""
+    import specopd_trainer.loops.branch_tree as bt
+    from specopd_kernels.losses.e2e_kl import accepted_prefix_weights, draft_accept_ratio
+    from specopd_kernels.losses.naive import acceptance_alpha, forward_kl
+    from specopd_trainer.loops.specopd import SpecOPDConfig, specopd_step, target_head_logits
+
+    packed, outputs = [], []
+    real = bt.pack_branches
+    monkeypatch.setattr(bt, "pack_branches", lambda branches, depth: packed.append((branches.clone(),
+                                                                                    real(branches, depth))) or packed[-1][1])
+
+    class _Keep(_Scorer):
+        def score_trees(self, req):
+            out = super().score_trees(req)
+            outputs.extend(out)
+            return out
+
+    drafter, seqs, scorer = tiny_drafter(), tiny_sequences(2), _Keep()
+    a_n, r_n, k, temp = 3, 4, 4, 0.9
+    cfg = SpecOPDConfig(anchors_per_seq=a_n, root_anchors_per_seq=r_n, branches=k, seqs_per_step=2,
+                        temperature=temp, loss="e2e_fkl_is", head_dtype="float32")
+    loss, m = specopd_step(drafter, scorer, seqs, cfg, torch.Generator().manual_seed(2))
+    g = drafter.block_size - 1
+    total = 0.0
+    for s, (branches, pk), ref, out in zip(seqs, packed, scorer.requests[0].references, outputs):
+        trees = ref.trees
+        assert [len(t.tokens) > 0 for t in trees] == [True] * a_n + [False] * r_n
+        anchors = torch.tensor([t.anchor for t in trees[:a_n]])
+        roots = torch.tensor([t.anchor for t in trees[a_n:]])
+        assert not set(anchors.tolist()) & set(roots.tolist())
+        with torch.no_grad():
+            q = drafter.logits(s.features.float(), s.token_ids, anchors)[0][:, 1:]  # [A, G, V]
+            q_root = drafter.logits(s.features.float(), s.token_ids, roots)[0][:, 1]  # [R, V]
+            p_all = target_head_logits(drafter._head(), out.hidden, "float32")
+        p_tree = torch.cat([p_all[:a_n], p_all[a_n + r_n:]])
+        p_b = p_tree[pk.row_index]  # [A*K, G, V]
+        q_b = q[:, None].expand(a_n, k, g, q.shape[-1]).reshape(a_n * k, g, -1)
+        c = accepted_prefix_weights(acceptance_alpha(p_b, q_b),
+                                    draft_accept_ratio(p_b, q_b, branches.reshape(a_n * k, g), temp))
+        kl = forward_kl(p_b, q_b, reduction="none")  # [A*K, G]
+        rest = ((c * kl)[:, 1:].sum(1) / g).view(a_n, k).mean(1)  # [A]
+        d = c[:, 0].view(a_n, k).mean(1)  # [A]
+        s_anchor = d * kl.view(a_n, k, g)[:, 0, 0] / g
+        s_root = d.mean() * forward_kl(p_all[a_n: a_n + r_n], q_root, reduction="none") / g
+        total += a_n * ((s_anchor.sum() + s_root.sum()) / (a_n + r_n) + rest.mean()).item()
+    assert loss.item() == pytest.approx(total / (2 * a_n), rel=1e-4)
+    assert m["supervised_tokens"] == 2 * (a_n * k * g + r_n) and m["root_anchors"] == 2 * r_n
+    # the root anchors' slot-1 logits get gradient
+    drafter.zero_grad()
+    loss.backward()
+    assert all(p.grad is not None for p in drafter.parameters() if p.requires_grad)
+    with pytest.raises(ValueError, match="root_anchors_per_seq > 0 needs loss"):
+        SpecOPDConfig(root_anchors_per_seq=4)
+    with pytest.raises(ValueError, match="cannot be combined"):
+        SpecOPDConfig(root_anchors_per_seq=4, loss="e2e_fkl_is", reference_branch=0.5)

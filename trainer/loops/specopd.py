@@ -24,6 +24,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
+ROOT_LOSSES = ("e2e_fkl", "e2e_fkl_is")  # losses whose slot-1 term is weight x KL(p_1 || q_1) (root anchors)
+
+
 class SpecOPDConfig(BaseModel):
     """SpecOPD hyper-parameters (strict)."""
 
@@ -45,6 +48,12 @@ class SpecOPDConfig(BaseModel):
                     "target's greedy path and so the states a T=0 served DFlash block visits, is one more branch "
                     "per anchor, weighted by the drafter's T=0 acceptance along it; the loss is (1 - lambda) x the "
                     "sampled branches' + lambda x the reference branches'. Its tokens count as supervised")
+    root_anchors_per_seq: int = Field(
+        default=0, ge=0,
+        description="extra anchors per sequence scored at the tree root only (loss e2e_fkl / e2e_fkl_is): slot 1 "
+                    "is conditioned on the reference prefix alone, the same for every branch, and its target row "
+                    "is a prefix row the tree forward computes anyway, so the slot-1 term of the loss is "
+                    "estimated over all anchors and slots 2..G over the branch anchors. 1 supervised token each")
     lr: float = Field(default=3e-4, gt=0)
     warmup_steps: int = Field(default=10, ge=0)
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
@@ -69,6 +78,10 @@ class SpecOPDConfig(BaseModel):
     def _reference_branch_loss(self):
         if self.reference_branch > 0 and self.loss != "e2e_fkl_is":
             raise ValueError(f"reference_branch > 0 needs loss e2e_fkl_is, got {self.loss!r}")
+        if self.root_anchors_per_seq > 0 and self.loss not in ROOT_LOSSES:
+            raise ValueError(f"root_anchors_per_seq > 0 needs loss {' or '.join(ROOT_LOSSES)}, got {self.loss!r}")
+        if self.root_anchors_per_seq > 0 and self.reference_branch > 0:
+            raise ValueError("root_anchors_per_seq and reference_branch cannot be combined")
         return self
 
     @property
@@ -84,6 +97,55 @@ def sample_branches(draft_logits: torch.Tensor, k: int, temperature: float, gen:
     flat = probs.reshape(nb * g, v)
     draws = torch.multinomial(flat, k, replacement=True, generator=gen)  # [nB*G, k]
     return draws.view(nb, g, k).permute(0, 2, 1).contiguous()
+
+
+def draft_slot_logits(drafter, seq, anchors: torch.Tensor, roots: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Drafter logits for branch anchors (slots 1..G, ``[A, G, V]``) and root anchors (slot 1 only, ``[R, V]``).
+
+    One drafter forward over all A + R blocks (the training mask: each block sees the reference features before
+    its anchor); the vocabulary head runs on the rows the loss uses only (the head dominates the drafter's cost).
+    ``seq`` has ``features [L, K*H]`` and ``token_ids [L]``; anchors / roots: int64 ``[A]`` / ``[R]``.
+    """
+    from specopd_trainer.drafters.blocks import make_blocks
+
+    if roots.numel() == 0:
+        logits, _ = drafter.logits(seq.features.float(), seq.token_ids, anchors)  # [A, B, V]
+        return logits[:, 1:], logits.new_zeros(0, logits.shape[-1])
+    both = torch.cat([anchors, roots])
+    blocks = make_blocks(seq.token_ids.cpu(), both, drafter.block_size, drafter.spec.mask_token_id)
+    hidden = drafter.forward_blocks(seq.features.float(), blocks.input_ids, blocks.positions, blocks.anchors)
+    head = drafter._head()
+    a_n = anchors.numel()
+    return head.logits(hidden[:a_n, 1:]), head.logits(hidden[a_n:, 1])
+
+
+def root_slot1_correction(*, loss_alpha: torch.Tensor, kb: int, g: int, p_anchor: torch.Tensor,
+                          q_anchor: torch.Tensor, p_root: torch.Tensor, q_root: torch.Tensor,
+                          weights: str) -> torch.Tensor:
+    """Add-on to a tree E2E-KL loss that estimates its slot-1 term over branch AND root anchors (fp32 scalar).
+
+    The tree loss is ``mean_a S_a + (slots 2..G)`` with ``S_a = (1/G) D_a KL(p_1(a) || q_1(a))`` and
+    ``D_a = mean_k c[(a, k), 0] = mean_k (1 + sum_{j>=2} prod_{2<=i<=j} alpha_i)`` (the E2E weight of slot 1, the
+    same for plain and accepted-prefix weights). Slot 1 is conditioned on the reference prefix only, so it needs no
+    branch: at R root anchors ``S_r = (1/G) D_bar KL(p_1(r) || q_1(r))`` with ``D_bar = mean_a D_a`` (the
+    downstream chain is unknown there). Returns ``(sum_r S_r - R mean_a S_a) / (A + R)``, so that loss +
+    correction = ``mean over all A + R anchors of S`` + ``(slots 2..G over the A branch anchors)``: the same
+    expectation, slot 1 averaged over (A + R) / A times more contexts (Rao-Blackwellisation over anchors).
+
+    loss_alpha: detached ``[A*kb, G]`` alpha of the tree loss's branches (anchor-major); p_anchor / q_anchor:
+    target / drafter slot-1 logits ``[A, V]`` at branch anchors; p_root / q_root ``[R, V]``. Raises ValueError
+    for weights other than :data:`ROOT_LOSSES`.
+    """
+    from specopd_kernels.losses.e2e_kl import acceptance_weights
+    from specopd_kernels.losses.naive import forward_kl
+
+    if weights not in ROOT_LOSSES:
+        raise ValueError(f"root anchors need loss {' or '.join(ROOT_LOSSES)}, got {weights!r}")
+    a_n, r_n = p_anchor.shape[0], p_root.shape[0]
+    d = acceptance_weights(loss_alpha).view(a_n, kb, g)[:, :, 0].mean(1)  # [A], detached
+    s_anchor = d * forward_kl(p_anchor, q_anchor, reduction="none") / g  # [A]
+    s_root = d.mean() * forward_kl(p_root, q_root, reduction="none") / g  # [R]
+    return (s_root.sum() - r_n * s_anchor.mean()) / (a_n + r_n)
 
 
 _HEAD_CACHE: Dict[tuple, torch.Tensor] = {}
@@ -112,14 +174,17 @@ def reference_blocks(token_ids: torch.Tensor, anchors: torch.Tensor, g: int) -> 
     return torch.where(pos < ids.numel(), ids[pos.clamp(max=ids.numel() - 1)], torch.full_like(pos, -1))
 
 
-def build_tree_request(seqs, anchors_list, packed_list, block_size: int):
-    """The score_trees request of one step: per sequence its anchors, each with its trie of branch tokens."""
+def build_tree_request(seqs, anchors_list, packed_list, block_size: int, roots_list=None):
+    """The score_trees request of one step: per sequence its anchors, each with its trie of branch tokens, then
+    its root anchors (``roots_list``, optional int64 ``[R]`` per sequence) as trees without nodes."""
     from sglang_specopd.protocol import ScoreTreesRequest
 
     refs = []
-    for s, anchors, packed in zip(seqs, anchors_list, packed_list):
+    roots_list = roots_list if roots_list is not None else [torch.empty(0, dtype=torch.long)] * len(seqs)
+    for s, anchors, packed, roots in zip(seqs, anchors_list, packed_list, roots_list):
         trees = [{"anchor": int(a), "tokens": packed.tokens[j], "parents": packed.parents[j]}
                  for j, a in enumerate(anchors.tolist())]
+        trees += [{"anchor": int(a), "tokens": []} for a in roots.tolist()]
         refs.append({"input_ids": s.token_ids.tolist(), "trees": trees})
     return ScoreTreesRequest(references=refs, block_size=block_size, returns=["hidden"], output_dtype="float32")
 
@@ -145,11 +210,15 @@ def specopd_step(drafter, client, seqs: List, cfg: SpecOPDConfig, gen: torch.Gen
     per_seq = []
     t0 = time.monotonic()
     for s in seqs:
-        anchors = sample_anchors(s.prompt_len, len(s.token_ids), cfg.anchors_per_seq, gen)
-        if anchors.numel() == 0:
+        picked = sample_anchors(s.prompt_len, len(s.token_ids), cfg.anchors_per_seq + cfg.root_anchors_per_seq, gen)
+        if picked.numel() == 0:
             continue
-        logits, _ = drafter.logits(s.features.float(), s.token_ids, anchors)  # [A, B, V]
-        q = logits[:, 1:]  # slots 1..G
+        anchors, roots = picked, picked[:0]
+        if cfg.root_anchors_per_seq:  # anchors_per_seq of them, at random, get branches; the rest only slot 1
+            order = torch.randperm(picked.numel(), generator=gen)
+            anchors = picked[order[: cfg.anchors_per_seq]].sort().values
+            roots = picked[order[cfg.anchors_per_seq:]].sort().values
+        q, q_root = draft_slot_logits(drafter, s, anchors, roots)  # [A, G, V], [R, V]
         branches = sample_branches(q, cfg.branches, cfg.temperature, gen)  # [A, K, G]
         if cfg.greedy_branch:
             branches[:, 0] = q.detach().argmax(dim=-1)
@@ -158,21 +227,25 @@ def specopd_step(drafter, client, seqs: List, cfg: SpecOPDConfig, gen: torch.Gen
             ref = reference_blocks(s.token_ids, anchors, g)
             branches = torch.cat([branches, ref.clamp(min=0)[:, None]], dim=1)
         packed = pack_branches(branches, g - 1)
-        per_seq.append((s, anchors, q, packed, ref))
+        per_seq.append((s, anchors, q, packed, ref, roots, q_root))
     if not per_seq:
         raise ValueError("no sequence of this step has a response position to anchor at")
     t1 = time.monotonic()
     scored = client.score_trees(build_tree_request([x[0] for x in per_seq], [x[1] for x in per_seq],
-                                                   [x[3] for x in per_seq], B))
+                                                   [x[3] for x in per_seq], B, [x[5] for x in per_seq]))
     kb = cfg.branches_per_anchor
     t2 = time.monotonic()
-    total, alphas, taus, n, rows = 0.0, [], [], 0, 0
+    total, alphas, taus, n, rows, n_root = 0.0, [], [], 0, 0, 0
     head = drafter._head()
-    for (s, anchors, q, packed, ref), sc in zip(per_seq, scored):
+    for (s, anchors, q, packed, ref, roots, q_root), sc in zip(per_seq, scored):
+        a_n, r_n = len(anchors), len(roots)
         with torch.no_grad():
-            p_rows = target_head_logits(head, sc.hidden, cfg.head_dtype)  # [A + nodes, V] fp32
-        if p_rows.shape[0] != packed.row_anchor.numel():
-            raise RuntimeError(f"score_trees returned {p_rows.shape[0]} rows, expected {packed.row_anchor.numel()}")
+            p_all = target_head_logits(head, sc.hidden, cfg.head_dtype)  # [A + R + nodes, V] fp32
+        if p_all.shape[0] != packed.row_anchor.numel() + r_n:
+            raise RuntimeError(f"score_trees returned {p_all.shape[0]} rows, expected "
+                               f"{packed.row_anchor.numel() + r_n}")
+        # rows: the A branch-anchor rows, the R root-anchor rows, then the nodes of the branch trees
+        p_rows = torch.cat([p_all[:a_n], p_all[a_n + r_n:]]) if r_n else p_all
         q_flat = q.reshape(-1, q.shape[-1])  # [A*G, V], one row per (anchor, slot); gradient flows to q
         row_draft = packed.row_anchor * g + packed.row_slot
         # alpha [A*K, G] (detached) comes with the loss: for E2E-TV it is the loss's own intermediate
@@ -182,15 +255,20 @@ def specopd_step(drafter, client, seqs: List, cfg: SpecOPDConfig, gen: torch.Gen
                       "greedy_weight": cfg.reference_branch}
         loss, alpha = tree_loss_and_alpha(cfg.loss, p_rows, q_flat, row_draft, packed.row_index,
                                           row_token=packed.row_token, sample_temperature=cfg.temperature, **greedy)
+        if r_n:
+            loss = loss + root_slot1_correction(loss_alpha=alpha, kb=kb, g=g, p_anchor=p_rows[:a_n],
+                                                q_anchor=q[:, 0], p_root=p_all[a_n: a_n + r_n], q_root=q_root,
+                                                weights=cfg.loss)
         alpha = alpha.view(len(anchors), kb, g)[:, : cfg.branches].reshape(-1, g)  # metrics: sampled branches
         _, tau = expected_acceptance_length(alpha)
         total = total + loss * len(anchors)
         n += len(anchors)
-        rows += p_rows.shape[0]
+        n_root += r_n
+        rows += p_all.shape[0]
         alphas.append(alpha.mean(0))
         taus.append(float(tau.mean()))
     loss = total / n
     metrics = {"alpha": torch.stack(alphas).mean(0).tolist(), "est_tau": sum(taus) / len(taus),
-               "supervised_tokens": n * kb * g, "scored_rows": rows,
+               "supervised_tokens": n * kb * g + n_root, "root_anchors": n_root, "scored_rows": rows,
                "draft_s": t1 - t0, "score_s": t2 - t1, "loss_s": time.monotonic() - t2}
     return loss, metrics
