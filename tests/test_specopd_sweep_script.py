@@ -78,3 +78,26 @@ def test_sweep_refuses_validation_prompts_inside_the_references(tmp_path):
                         "--val-offset", "110", "--out", str(tmp_path / "x.json")],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "overlap the training references [108, 168)" in r.stderr
+
+
+def test_root_anchor_key_and_budget_accounting():
+    """R= is the root anchors per sequence; the comparison's step count charges them one supervised token each."""
+    sweep = _sweep()
+    assert sweep.parse_arm("specopd:A=8,K=7,S=2,R=64,loss=e2e_fkl_is") == (
+        "specopd", {"A": 8, "K": 7, "S": 2, "R": 64, "loss": "e2e_fkl_is"})
+    comparison = load_benchmark("specopd_smollm2")
+    cfg = comparison.specopd_config(229376, 7, anchors_per_seq=8, branches=7, seqs_per_step=2, lr=1e-3,
+                                    loss="e2e_fkl_is", root_anchors=64)
+    assert cfg.root_anchors_per_seq == 64 and cfg.steps == round(229376 / (2 * (8 * 7 * 7 + 64))) == 252
+    plain = comparison.specopd_config(229376, 7, anchors_per_seq=8, branches=7, seqs_per_step=2, lr=1e-3,
+                                      loss="e2e_fkl_is")
+    assert plain.steps == round(229376 / (2 * 8 * 7 * 7)) == 293
+    with pytest.raises(ValueError, match="root_anchors_per_seq > 0 needs loss"):
+        comparison.specopd_config(229376, 7, anchors_per_seq=8, branches=7, seqs_per_step=2, lr=1e-3,
+                                  loss="e2e_tv", root_anchors=64)
+
+
+def test_throughput_script_rejects_a_bad_setting_before_starting_anything():
+    throughput = load_benchmark("specopd_throughput")
+    with pytest.raises(ValueError, match="unknown key 'Z'"):
+        throughput.main(["--settings", "A=8,Z=1"])
