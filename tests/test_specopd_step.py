@@ -24,6 +24,30 @@ class _Scorer:
                                                    generator=g)) for r in req.references]
 
 
+class _Keep(_Scorer):
+    """A :class:`_Scorer` that also keeps every reply."""
+
+    def __init__(self):
+        super().__init__()
+        self.outputs = []
+
+    def score_trees(self, req):
+        out = super().score_trees(req)
+        self.outputs.extend(out)
+        return out
+
+
+def _record_packing(monkeypatch) -> list:
+    """Record (branches, PackedBranches) of every ``pack_branches`` call of the step."""
+    import specopd_trainer.loops.branch_tree as bt
+
+    packed = []
+    real = bt.pack_branches
+    monkeypatch.setattr(bt, "pack_branches", lambda branches, depth: packed.append((branches.clone(),
+                                                                                    real(branches, depth))) or packed[-1][1])
+    return packed
+
+
 @pytest.mark.parametrize("greedy", [False, True])
 def test_greedy_branch_is_the_argmax_block(monkeypatch, greedy):
     import specopd_trainer.loops.branch_tree as bt
@@ -51,23 +75,12 @@ def test_e2e_fkl_is_step_equals_the_expanded_loss_on_the_sampled_branches(monkey
     """The step hands the loss each branch's sampled tokens (row_token) and the sampling temperature: its loss
     equals the registry's expanded E2E-KL-IS on the branches it sampled, the rows the scorer returned and the
     drafter's own logits."""
-    import specopd_trainer.loops.branch_tree as bt
     from specopd_kernels.losses import get_loss
     from specopd_trainer.loops.specopd import SpecOPDConfig, specopd_step, target_head_logits
 
-    packed = []
-    real = bt.pack_branches
-    monkeypatch.setattr(bt, "pack_branches", lambda branches, depth: packed.append((branches.clone(),
-                                                                                    real(branches, depth))) or packed[-1][1])
-    outputs = []
-
-    class _Keep(_Scorer):
-        def score_trees(self, req):
-            out = super().score_trees(req)
-            outputs.extend(out)
-            return out
-
+    packed = _record_packing(monkeypatch)
     drafter, seqs, scorer = tiny_drafter(), tiny_sequences(2), _Keep()
+    outputs = scorer.outputs
     cfg = SpecOPDConfig(anchors_per_seq=4, branches=5, seqs_per_step=2, temperature=0.8, loss="e2e_fkl_is",
                         head_dtype="float32")
     loss, m = specopd_step(drafter, scorer, seqs, cfg, torch.Generator().manual_seed(1))
@@ -119,23 +132,13 @@ def test_root_anchors_estimate_slot_one_over_all_anchors(monkeypatch):
     anchors weighted by the mean slot-1 weight D of the branch anchors) plus slots 2..G averaged over the branch
     anchors, recomputed here by hand from the registry's pieces; root anchors are trees without nodes, count one
     supervised token each and get gradient."""
-    import specopd_trainer.loops.branch_tree as bt
     from specopd_kernels.losses.e2e_kl import accepted_prefix_weights, draft_accept_ratio
     from specopd_kernels.losses.naive import acceptance_alpha, forward_kl
     from specopd_trainer.loops.specopd import SpecOPDConfig, specopd_step, target_head_logits
 
-    packed, outputs = [], []
-    real = bt.pack_branches
-    monkeypatch.setattr(bt, "pack_branches", lambda branches, depth: packed.append((branches.clone(),
-                                                                                    real(branches, depth))) or packed[-1][1])
-
-    class _Keep(_Scorer):
-        def score_trees(self, req):
-            out = super().score_trees(req)
-            outputs.extend(out)
-            return out
-
+    packed = _record_packing(monkeypatch)
     drafter, seqs, scorer = tiny_drafter(), tiny_sequences(2), _Keep()
+    outputs = scorer.outputs
     a_n, r_n, k, temp = 3, 4, 4, 0.9
     cfg = SpecOPDConfig(anchors_per_seq=a_n, root_anchors_per_seq=r_n, branches=k, seqs_per_step=2,
                         temperature=temp, loss="e2e_fkl_is", head_dtype="float32")
