@@ -156,38 +156,16 @@ def tree_loss_and_alpha(name: str, target_rows: torch.Tensor, draft_logits: torc
         return loss, tree_alpha(target_rows, draft_logits.detach(), row_draft, row_index)
 
 
-def _row_stats(target_rows, draft_logits, row_draft, chunk: int = 256):
-    """One streamed pass over the distinct target rows, no gradient: fp32 ``[R]`` each of
-
-        alpha_r = sum_v min(p_r(v), q_{d(r)}(v)),   lse_r = logsumexp(target_r),   h_r = sum_v p_r(v) log p_r(v)
-
-    with p_r = softmax(target_r) and q = softmax(draft) computed once per draft row (``[Q, V]``)."""
-    with torch.no_grad():
-        q = torch.softmax(draft_logits.detach().float(), dim=-1)
-        n = target_rows.shape[0]
-        out = [torch.empty(n, dtype=torch.float32, device=target_rows.device) for _ in range(3)]
-        for lo in range(0, n, chunk):
-            t = target_rows[lo:lo + chunk].float()
-            lse = torch.logsumexp(t, dim=-1)
-            lp = t - lse[:, None]
-            p = lp.exp()
-            out[0][lo:lo + chunk] = torch.minimum(p, q[row_draft[lo:lo + chunk]]).sum(dim=-1)
-            out[1][lo:lo + chunk] = lse
-            out[2][lo:lo + chunk] = (p * lp).sum(dim=-1)
-        return tuple(out)
-
-
 def _tree_accept_ratio(target_rows, draft_logits, row_draft, row_index, row_token, temperature: float,
-                       chunk: int = 256, lse_t: Optional[torch.Tensor] = None) -> torch.Tensor:
+                       chunk: int = 256) -> torch.Tensor:
     """r[n, i] = min(1, p_i(x_i) / q_i(x_i)) for slots 1..G-1 of every branch, fp32 ``[N, G-1]``, no gradient.
 
     Slot i's target row is ``row_index[n, i-1]``; its drafted token x_i sits at the next row ``row_index[n, i]``
     (``row_token``); q_i = softmax(draft / temperature) of that row's draft row. Log-normalisers are computed per
-    distinct row, streamed in chunks (or given: ``lse_t`` fp32 ``[R]``, from :func:`_row_stats`)."""
+    distinct row, streamed in chunks."""
     with torch.no_grad():
-        if lse_t is None:
-            lse_t = torch.cat([torch.logsumexp(target_rows[lo:lo + chunk].float(), -1)
-                               for lo in range(0, target_rows.shape[0], chunk)] or [target_rows.new_zeros(0)])
+        lse_t = torch.cat([torch.logsumexp(target_rows[lo:lo + chunk].float(), -1)
+                           for lo in range(0, target_rows.shape[0], chunk)] or [target_rows.new_zeros(0)])
         scaled = draft_logits.detach().float() / temperature
         lse_q = torch.logsumexp(scaled, -1)
         rows, tok = row_index[:, :-1], row_token[row_index[:, 1:]]
@@ -246,29 +224,27 @@ def _e2e_fkl_tree(target_rows, draft_logits, row_draft, row_index, with_alpha: b
     With w_r = sum of the detached weights c[n, i] / G of the (branch, slot) pairs using row r, and P_d =
     sum_{r: row_draft[r] = d} w_r p_r (``[Q, V]``, accumulated over row chunks without gradient):
     sum_r w_r KL(p_r || q_{d(r)}) = sum_r w_r sum_v p_r log p_r - sum_d <P_d, log q_d>. So the loss is a soft-target
-    cross-entropy on the Q draft rows plus a constant, equal in value and gradient to the per-row form. Two
-    streamed passes over the target rows: :func:`_row_stats` (alpha, log-normaliser, sum p log p per row), then
-    P_d from exp(target - lse); at 32 anchors x 16 branches on CPU the three passes this replaced took as long as
-    the target's own scoring (``specopd_throughput_smollm2_cpu.json``).
+    cross-entropy on the Q draft rows plus a constant, equal in value and gradient to the per-row form.
     """
     with torch.no_grad():
-        alpha_rows, lse_t, h_rows = _row_stats(target_rows, draft_logits, row_draft, chunk)  # one pass over rows
-        alpha = alpha_rows[row_index]  # [N, G]
+        alpha = tree_alpha(target_rows, draft_logits.detach(), row_draft, row_index)
         if row_token is None:
             weights = acceptance_weights(alpha) / alpha.shape[1]  # [N, G]
         else:
             ratio = _tree_accept_ratio(target_rows, draft_logits, row_draft, row_index, row_token,
-                                       sample_temperature, chunk, lse_t=lse_t)
+                                       sample_temperature, chunk)
             weights = accepted_prefix_weights(alpha, ratio) / alpha.shape[1]
         if greedy is not None:  # weights already averaged over branches: undo the mean below
             weights = _greedy_mix(weights, draft_logits, row_draft, row_index, greedy) * row_index.shape[0]
         w_rows = torch.zeros(target_rows.shape[0], dtype=torch.float32, device=target_rows.device)
         w_rows.index_add_(0, row_index.reshape(-1), weights.reshape(-1))
         p_bar = torch.zeros(draft_logits.shape, dtype=torch.float32, device=draft_logits.device)
-        neg_entropy = (w_rows * h_rows).sum()
-        for lo in range(0, target_rows.shape[0], chunk):  # second (last) pass: p = exp(target - lse), no reduction
-            wp = torch.exp(target_rows[lo:lo + chunk].float() - lse_t[lo:lo + chunk, None])
-            p_bar.index_add_(0, row_draft[lo:lo + chunk], wp.mul_(w_rows[lo:lo + chunk, None]))
+        neg_entropy = torch.zeros((), dtype=torch.float32, device=target_rows.device)
+        for lo in range(0, target_rows.shape[0], chunk):
+            lp = torch.log_softmax(target_rows[lo:lo + chunk].float(), dim=-1)
+            wp = lp.exp() * w_rows[lo:lo + chunk, None]
+            neg_entropy += (wp * lp).sum()
+            p_bar.index_add_(0, row_draft[lo:lo + chunk], wp)
     cross = (p_bar * torch.log_softmax(draft_logits.float(), dim=-1)).sum()
     loss = (neg_entropy - cross) / max(row_index.shape[0], 1)
     return loss, (alpha if with_alpha else None)
