@@ -145,9 +145,16 @@ class DFlashDrafter(nn.Module):
 
         Returns ``(logits [nB, B, V] in the head dtype, labels [nB, B])`` (labels from :func:`make_blocks`:
         slot 0 and positions past the end are -100)."""
+        hidden, labels = self.block_hidden(ctx_features, token_ids, anchors)
+        return self._head().logits(hidden), labels
+
+    def block_hidden(self, ctx_features: torch.Tensor, token_ids: torch.Tensor,
+                     anchors: torch.Tensor | Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`logits` before the vocabulary head: ``(hidden [nB, B, H], labels [nB, B])``, for callers that
+        need the head on some slots only (the head dominates the drafter's cost)."""
         blocks = make_blocks(token_ids.cpu(), anchors, self.block_size, self.spec.mask_token_id)
         hidden = self.forward_blocks(ctx_features, blocks.input_ids, blocks.positions, blocks.anchors)
-        return self._head().logits(hidden), blocks.labels.to(hidden.device)
+        return hidden, blocks.labels.to(hidden.device)
 
     # ---- proposals ----------------------------------------------------------------------------------------
     @staticmethod

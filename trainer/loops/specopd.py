@@ -106,14 +106,10 @@ def draft_slot_logits(drafter, seq, anchors: torch.Tensor, roots: torch.Tensor) 
     its anchor); the vocabulary head runs on the rows the loss uses only (the head dominates the drafter's cost).
     ``seq`` has ``features [L, K*H]`` and ``token_ids [L]``; anchors / roots: int64 ``[A]`` / ``[R]``.
     """
-    from specopd_trainer.drafters.blocks import make_blocks
-
     if roots.numel() == 0:
         logits, _ = drafter.logits(seq.features.float(), seq.token_ids, anchors)  # [A, B, V]
         return logits[:, 1:], logits.new_zeros(0, logits.shape[-1])
-    both = torch.cat([anchors, roots])
-    blocks = make_blocks(seq.token_ids.cpu(), both, drafter.block_size, drafter.spec.mask_token_id)
-    hidden = drafter.forward_blocks(seq.features.float(), blocks.input_ids, blocks.positions, blocks.anchors)
+    hidden, _ = drafter.block_hidden(seq.features.float(), seq.token_ids, torch.cat([anchors, roots]))
     head = drafter._head()
     a_n = anchors.numel()
     return head.logits(hidden[:a_n, 1:]), head.logits(hidden[a_n:, 1])
