@@ -72,18 +72,20 @@ def continued_sft_config(budget_tokens: int, g: int, lr: float):
 
 def specopd_config(budget_tokens: int, g: int, *, anchors_per_seq: int, branches: int, seqs_per_step: int,
                    lr: float, temperature: float = 1.0, greedy_branch: bool = False, loss: str = "e2e_tv",
-                   reference_branch: float = 0.0, root_anchors: int = 0):
+                   reference_branch: float = 0.0, root_anchors: int = 0, minibatches: int = 1,
+                   compute_dtype: str = "bfloat16"):
     """The SpecOPD arm: seqs x (anchors x branches x ``g`` supervised branch tokens (branches + 1 with the
-    reference branch) + root anchors x 1 slot-1 token) per step, as many steps as the budget buys, every step
-    logged, no mid-run checkpoints."""
+    reference branch) + root anchors x 1 slot-1 token) per step, as many steps as the budget buys (a multiple of
+    ``minibatches``: whole scored batches), every step logged, no mid-run checkpoints."""
     from specopd_trainer.loops.specopd import SpecOPDConfig
 
     cfg = SpecOPDConfig(anchors_per_seq=anchors_per_seq, branches=branches, seqs_per_step=seqs_per_step,
                         temperature=temperature, greedy_branch=greedy_branch, loss=loss, lr=lr, warmup_steps=2,
                         reference_branch=reference_branch, root_anchors_per_seq=root_anchors, log_every=1,
-                        ckpt_every=10**6)
+                        ckpt_every=10**6, minibatches=minibatches, compute_dtype=compute_dtype)
     per_step = seqs_per_step * (anchors_per_seq * cfg.branches_per_anchor * g + root_anchors)
-    return cfg.model_copy(update={"steps": max(1, round(budget_tokens / per_step))})
+    batches = max(1, round(budget_tokens / per_step / minibatches))
+    return cfg.model_copy(update={"steps": batches * minibatches})
 
 
 def prepare_references(refs_dir: Path, tok, layer_ids, *, offset: int, per_domain: int, max_new_tokens: int,
@@ -133,6 +135,10 @@ def main(argv=None) -> int:
                     help="SpecOPD: lambda of the reference (T=0 path) branch per anchor (loss e2e_fkl_is; 0 = off)")
     ap.add_argument("--root-anchors", type=int, default=64,
                     help="SpecOPD: extra anchors per sequence scored at the tree root only (slot 1; loss e2e_fkl(_is))")
+    ap.add_argument("--minibatches", type=int, default=4,
+                    help="SpecOPD: optimizer steps per scored batch (minibatches x the anchors scored in one call)")
+    ap.add_argument("--compute-dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                    help="SpecOPD: autocast dtype of the drafter forward")
     ap.add_argument("--loss", default="e2e_fkl_is",
                     help="SpecOPD's proposal-tree loss (e2e_tv, e2e_fkl, tv, fkl, rkl; see specopd_kernels.losses)")
     ap.add_argument("--extra-losses", nargs="*", default=[], metavar="LOSS",
@@ -210,7 +216,8 @@ def main(argv=None) -> int:
                               seqs_per_step=args.seqs_per_step, lr=args.specopd_lr or args.lr,
                               temperature=args.temperature,
                               greedy_branch=args.greedy_branch, loss=args.loss,
-                              reference_branch=args.reference_branch, root_anchors=args.root_anchors)
+                              reference_branch=args.reference_branch, root_anchors=args.root_anchors,
+                              minibatches=args.minibatches, compute_dtype=args.compute_dtype)
         t0 = time.monotonic()
         summary = train_specopd(b, client, train_seqs, run / "specopd", scfg)
         wall["specopd"], tokens["specopd"] = time.monotonic() - t0, summary["supervised_tokens"]
@@ -233,7 +240,8 @@ def main(argv=None) -> int:
                 seqs_per_step=args.seqs_per_step, lr=args.specopd_lr or args.lr, temperature=args.temperature,
                 greedy_branch=args.greedy_branch, loss=loss_name,
                 reference_branch=args.reference_branch if loss_name == "e2e_fkl_is" else 0.0,
-                root_anchors=args.root_anchors if loss_name in ("e2e_fkl", "e2e_fkl_is") else 0))
+                root_anchors=args.root_anchors if loss_name in ("e2e_fkl", "e2e_fkl_is") else 0,
+                minibatches=args.minibatches, compute_dtype=args.compute_dtype))
             wall[name], tokens[name] = time.monotonic() - t0, summary["supervised_tokens"]
             push(server.url, e, name)
             acceptance[name] = evaluate(server.url, tok, args.eval_max_new_tokens, limit=args.eval_limit)

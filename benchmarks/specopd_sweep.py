@@ -31,7 +31,8 @@ from pathlib import Path
 DOMAINS = ["dialogue", "coding", "math", "agentic"]
 ADMIN_KEY = "specopd-sweep-admin"
 SPECOPD_KEYS = {"A": "anchors_per_seq", "K": "branches", "S": "seqs_per_step", "lr": "lr", "temp": "temperature",
-                "greedy": "greedy_branch", "loss": "loss", "ref": "reference_branch", "R": "root_anchors"}
+                "greedy": "greedy_branch", "loss": "loss", "ref": "reference_branch", "R": "root_anchors",
+                "M": "minibatches", "dtype": "compute_dtype"}
 
 
 def parse_arm(text: str) -> tuple[str, dict]:
@@ -45,8 +46,8 @@ def parse_arm(text: str) -> tuple[str, dict]:
         allowed = ("lr",) if kind == "sft" else tuple(SPECOPD_KEYS)
         if key not in allowed:
             raise ValueError(f"arm {text!r}: unknown key {key!r} (valid: {', '.join(allowed)})")
-        if key == "loss":
-            params[key] = value  # validated by SpecOPDConfig (a proposal-tree loss of the registry)
+        if key in ("loss", "dtype"):
+            params[key] = value  # validated by SpecOPDConfig (a proposal-tree loss of the registry; a dtype)
         elif key == "greedy":
             params[key] = bool(int(value))
         else:

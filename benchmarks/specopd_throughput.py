@@ -5,7 +5,7 @@ steps from that drafter on the comparison's fresh references, recording supervis
 (server calls, drafter forward/backward and optimizer included, as the comparison measures it), distinct scored
 rows per supervised token and the per-phase seconds (drafting, scoring, loss; the rest is backward + optimizer).
 Settings use the sweep's keys (``A`` anchors/seq, ``K`` branches, ``S`` seqs/step, ``R`` root anchors/seq,
-``loss``)::
+``M`` minibatches per scored batch, ``dtype`` the drafter's compute dtype, ``loss``)::
 
     python benchmarks/specopd_throughput.py --settings A=8,K=7,S=2,R=64 A=32,K=16,S=1 --steps 24
 
@@ -74,7 +74,8 @@ def main(argv=None) -> int:
     with SGLangServer(spec) as server, SpecOPDClient(server.url) as client:
         for i, (text, kw) in enumerate(settings):
             kw = {"anchors_per_seq": 16, "branches": 8, "seqs_per_step": 1, "lr": 1e-3, "loss": "e2e_fkl_is", **kw}
-            cfg = comparison.specopd_config(10**9, g, **kw).model_copy(update={"steps": args.steps})
+            cfg = comparison.specopd_config(10**9, g, **kw)
+            cfg = cfg.model_copy(update={"steps": -(-args.steps // cfg.minibatches) * cfg.minibatches})
             out = Path(args.run_dir) / f"setting{i}"
             shutil.rmtree(out, ignore_errors=True)
             t0 = time.monotonic()
@@ -84,7 +85,8 @@ def main(argv=None) -> int:
             phases = {k: sum(r[k] for r in rows) for k in ("draft_s", "score_s", "loss_s")}
             loop_s = summary["supervised_tokens"] / summary["supervised_tokens_per_s"]
             entry = {"setting": text, "config": {k: cfg.model_dump()[k] for k in (
-                         "anchors_per_seq", "branches", "seqs_per_step", "root_anchors_per_seq", "loss")},
+                         "anchors_per_seq", "branches", "seqs_per_step", "root_anchors_per_seq", "loss", "minibatches",
+                         "compute_dtype")},
                      "steps": len(rows), "supervised_tokens": summary["supervised_tokens"],
                      "supervised_tokens_per_step": summary["supervised_tokens"] / len(rows),
                      "supervised_tokens_per_s": summary["supervised_tokens_per_s"],

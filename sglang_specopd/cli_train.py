@@ -91,6 +91,11 @@ def train_specopd_cmd(
     root_anchors: int = typer.Option(0, "--root-anchors", min=0,
                                      help="Extra anchors per sequence scored at the tree root only: slot 1's loss term "
                                           "over more contexts at no extra target forward (loss e2e_fkl / e2e_fkl_is)."),
+    minibatches: int = typer.Option(1, "--minibatches", min=1,
+                                    help="Optimizer steps per scored batch: minibatches x the anchors are sampled and "
+                                         "scored in one server call, each step trains on one share."),
+    compute_dtype: str = typer.Option("bfloat16", "--compute-dtype",
+                                      help="Autocast dtype of the drafter forward: bfloat16 or float32."),
     lr: float = typer.Option(3e-4, "--lr", help="Peak learning rate (AdamW)."),
     warmup: int = typer.Option(10, "--warmup", min=0, help="Warmup steps (then cosine decay)."),
     log_every: int = typer.Option(1, "--log-every", min=1, help="metrics.jsonl row every N steps."),
@@ -112,7 +117,7 @@ def train_specopd_cmd(
         cfg = _config(SpecOPDConfig, steps=steps, max_minutes=max_minutes, seqs_per_step=seqs_per_step,
                       anchors_per_seq=anchors, branches=branches, temperature=temperature,
                       greedy_branch=greedy_branch, loss=loss, root_anchors_per_seq=root_anchors, lr=lr,
-                      warmup_steps=warmup, seed=seed, log_every=log_every, ckpt_every=ckpt_every,
+                      minibatches=minibatches, compute_dtype=compute_dtype, warmup_steps=warmup, seed=seed, log_every=log_every, ckpt_every=ckpt_every,
                       push_every=push_every)
         _parse_domains(data)  # fail on a bad --data before touching the server
         rank, world = dist_info()

@@ -27,6 +27,7 @@ import torch
 
 from .e2e_kl import acceptance_weights, accepted_prefix_weights
 from .naive import e2e_tv_from_alpha, forward_kl, reverse_kl, tv_loss
+from .tree_fused_pass import DEFAULT_CHUNK_ROWS, row_stats, weighted_rows
 
 __all__ = ["TREE_LOSSES", "tree_loss", "tree_loss_and_alpha", "tree_alpha", "tree_alpha_reference"]
 
@@ -157,15 +158,17 @@ def tree_loss_and_alpha(name: str, target_rows: torch.Tensor, draft_logits: torc
 
 
 def _tree_accept_ratio(target_rows, draft_logits, row_draft, row_index, row_token, temperature: float,
-                       chunk: int = 256) -> torch.Tensor:
+                       chunk: int = 256, lse_t: Optional[torch.Tensor] = None) -> torch.Tensor:
     """r[n, i] = min(1, p_i(x_i) / q_i(x_i)) for slots 1..G-1 of every branch, fp32 ``[N, G-1]``, no gradient.
 
     Slot i's target row is ``row_index[n, i-1]``; its drafted token x_i sits at the next row ``row_index[n, i]``
-    (``row_token``); q_i = softmax(draft / temperature) of that row's draft row. Log-normalisers are computed per
-    distinct row, streamed in chunks."""
+    (``row_token``); q_i = softmax(draft / temperature) of that row's draft row. The target log-normalisers are
+    ``lse_t`` (fp32 ``[R]``, from :func:`.tree_fused_pass.row_stats`) or, if None, computed per distinct row,
+    streamed in chunks."""
     with torch.no_grad():
-        lse_t = torch.cat([torch.logsumexp(target_rows[lo:lo + chunk].float(), -1)
-                           for lo in range(0, target_rows.shape[0], chunk)] or [target_rows.new_zeros(0)])
+        if lse_t is None:
+            lse_t = torch.cat([torch.logsumexp(target_rows[lo:lo + chunk].float(), -1)
+                               for lo in range(0, target_rows.shape[0], chunk)] or [target_rows.new_zeros(0)])
         scaled = draft_logits.detach().float() / temperature
         lse_q = torch.logsumexp(scaled, -1)
         rows, tok = row_index[:, :-1], row_token[row_index[:, 1:]]
@@ -216,35 +219,38 @@ def _greedy_mix(weights_is: torch.Tensor, draft_logits, row_draft, row_index, gr
         return out
 
 
-def _e2e_fkl_tree(target_rows, draft_logits, row_draft, row_index, with_alpha: bool, chunk: int = 256,
-                  row_token: Optional[torch.Tensor] = None, sample_temperature: float = 1.0, greedy=None):
+def _e2e_fkl_tree(target_rows, draft_logits, row_draft, row_index, with_alpha: bool,
+                  chunk: int = DEFAULT_CHUNK_ROWS, row_token: Optional[torch.Tensor] = None,
+                  sample_temperature: float = 1.0, greedy=None):
     """E2E-KL over the tree without materialising ``[R, V]`` draft log-probs (with ``row_token``: the
     accepted-prefix weights of ``e2e_fkl_is`` instead of E2E's).
 
     With w_r = sum of the detached weights c[n, i] / G of the (branch, slot) pairs using row r, and P_d =
     sum_{r: row_draft[r] = d} w_r p_r (``[Q, V]``, accumulated over row chunks without gradient):
     sum_r w_r KL(p_r || q_{d(r)}) = sum_r w_r sum_v p_r log p_r - sum_d <P_d, log q_d>. So the loss is a soft-target
-    cross-entropy on the Q draft rows plus a constant, equal in value and gradient to the per-row form.
+    cross-entropy on the Q draft rows plus a constant, equal in value and gradient to the per-row form. Two
+    streamed passes over the target rows (``chunk`` rows at a time, :mod:`.tree_fused_pass`): one log_softmax per
+    chunk gives alpha_r, the log-normaliser (the IS ratios' log p(token)) and sum_v p_r log p_r; once the weights
+    are known, the second reads the rows of nonzero weight again for P. Gradient flows only into
+    ``draft_logits``, through the cross-entropy on the Q draft rows.
     """
     with torch.no_grad():
-        alpha = tree_alpha(target_rows, draft_logits.detach(), row_draft, row_index)
+        q = torch.softmax(draft_logits.detach().float(), dim=-1)
+        alpha_rows, lse_t, h_rows = row_stats(target_rows, q, row_draft, chunk)  # pass 1 over the rows
+        del q
+        alpha = alpha_rows[row_index]  # [N, G]
         if row_token is None:
             weights = acceptance_weights(alpha) / alpha.shape[1]  # [N, G]
         else:
             ratio = _tree_accept_ratio(target_rows, draft_logits, row_draft, row_index, row_token,
-                                       sample_temperature, chunk)
+                                       sample_temperature, lse_t=lse_t)
             weights = accepted_prefix_weights(alpha, ratio) / alpha.shape[1]
         if greedy is not None:  # weights already averaged over branches: undo the mean below
             weights = _greedy_mix(weights, draft_logits, row_draft, row_index, greedy) * row_index.shape[0]
         w_rows = torch.zeros(target_rows.shape[0], dtype=torch.float32, device=target_rows.device)
         w_rows.index_add_(0, row_index.reshape(-1), weights.reshape(-1))
-        p_bar = torch.zeros(draft_logits.shape, dtype=torch.float32, device=draft_logits.device)
-        neg_entropy = torch.zeros((), dtype=torch.float32, device=target_rows.device)
-        for lo in range(0, target_rows.shape[0], chunk):
-            lp = torch.log_softmax(target_rows[lo:lo + chunk].float(), dim=-1)
-            wp = lp.exp() * w_rows[lo:lo + chunk, None]
-            neg_entropy += (wp * lp).sum()
-            p_bar.index_add_(0, row_draft[lo:lo + chunk], wp)
+        neg_entropy = torch.dot(w_rows, h_rows)
+        p_bar = weighted_rows(target_rows, lse_t, w_rows, row_draft, draft_logits.shape[0], chunk)  # pass 2
     cross = (p_bar * torch.log_softmax(draft_logits.float(), dim=-1)).sum()
     loss = (neg_entropy - cross) / max(row_index.shape[0], 1)
     return loss, (alpha if with_alpha else None)

@@ -26,12 +26,17 @@ def run_training(drafter, step_fn: Callable[[int, torch.Generator], Tuple[float,
                  log_every: int, ckpt_every: int, max_minutes: Optional[float] = None, weight_decay: float = 0.0,
                  config: Optional[dict] = None, desc: str = "train",
                  on_step: Optional[Callable[[int, Dict], None]] = None, progress: bool = True,
-                 schedule_steps: Optional[int] = None) -> Dict:
+                 schedule_steps: Optional[int] = None, batch_steps: int = 1) -> Dict:
     """Optimise ``drafter`` with ``step_fn``; returns {steps, loss, wall_s, metrics (last)}.
 
     ``schedule_steps``: the step count the LR schedule decays over (default ``steps``; past it the LR stays at
-    ``min_lr_ratio * lr``), for loops that stop on another budget than a step count.
+    ``min_lr_ratio * lr``), for loops that stop on another budget than a step count. ``batch_steps``: the loop's
+    steps share state in groups of this many (e.g. one scored batch feeding several optimizer steps), so periodic
+    checkpoints fall on the first group boundary at or after each multiple of ``ckpt_every`` and ``max_minutes``
+    stops only at a boundary: a resume then starts a fresh group, exactly as the uninterrupted run did.
     """
+    if batch_steps < 1:
+        raise ValueError(f"batch_steps must be >= 1, got {batch_steps}")
     rank, _ = dist_info()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -52,14 +57,18 @@ def run_training(drafter, step_fn: Callable[[int, torch.Generator], Tuple[float,
         bar = tqdm(total=steps, initial=start, desc=desc, dynamic_ncols=True)
     t0 = time.monotonic()
     step, loss, metrics = start, float("nan"), {}
+    last_ckpt = start
 
     def checkpoint():
+        nonlocal last_ckpt
+        last_ckpt = step
         if rank == 0:
             save_checkpoint(run_dir, step, {"drafter": drafter.state_dict(), "optimizer": opt.state_dict(),
                                             "config": config or {}, "wall_s": wall_before + time.monotonic() - t0})
 
     while step < steps:
-        if max_minutes is not None and wall_before + time.monotonic() - t0 > max_minutes * 60:
+        if (max_minutes is not None and step % batch_steps == 0
+                and wall_before + time.monotonic() - t0 > max_minutes * 60):
             break
         cur_lr = lr_at(step, base_lr=lr, warmup_steps=warmup_steps, total_steps=schedule_steps or steps,
                        min_ratio=min_lr_ratio)
@@ -76,7 +85,7 @@ def run_training(drafter, step_fn: Callable[[int, torch.Generator], Tuple[float,
                    **metrics}
             with open(log_path, "a") as fh:
                 fh.write(json.dumps(row) + "\n")
-        if step % ckpt_every == 0:
+        if step % batch_steps == 0 and step // ckpt_every != last_ckpt // ckpt_every:
             checkpoint()
         if on_step is not None:
             on_step(step, metrics)
@@ -84,7 +93,7 @@ def run_training(drafter, step_fn: Callable[[int, torch.Generator], Tuple[float,
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4f}", **{k: f"{v:.3f}" for k, v in metrics.items()
                                                     if isinstance(v, float)})
-    if step > start and step % ckpt_every:
+    if step > start and step != last_ckpt:
         checkpoint()
     if bar is not None:
         bar.close()

@@ -11,13 +11,13 @@ One step (SpecOPD paper; formulas in the shared algorithm notes):
    target LM head, giving p_1 (anchor row) and p_{i+1} (row of branch token i) on the branch's own history;
 4. loss E2E-TV: L = 1 - (1/G) sum_j prod_{i<=j} alpha_i, alpha_i = sum_v min(p_i(v), q_i(v)), per branch, mean.
 Only the first G-1 sampled tokens of a branch are scored (the last token's row would predict beyond the block).
-No sequential draft-and-verify rollout is needed. Other losses with a tree form (tv, fkl, rkl, e2e_tv_fused; see
+No sequential draft-and-verify rollout is needed. With ``minibatches`` > 1 one scored batch (steps 1-3 for
+``minibatches`` times the anchors) feeds that many optimizer steps (:mod:`.specopd_batch`). Other losses with a tree form (tv, fkl, rkl, e2e_tv_fused; see
 :data:`specopd_kernels.losses.TREE_LOSSES`) can replace E2E-TV.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Dict, List, Literal, Tuple
 
 import torch
@@ -54,6 +54,15 @@ class SpecOPDConfig(BaseModel):
                     "is conditioned on the reference prefix alone, the same for every branch, and its target row "
                     "is a prefix row the tree forward computes anyway, so the slot-1 term of the loss is "
                     "estimated over all anchors and slots 2..G over the branch anchors. 1 supervised token each")
+    minibatches: int = Field(
+        default=1, ge=1,
+        description="optimizer steps per scored batch: each sequence gets minibatches x (anchors_per_seq + "
+                    "root_anchors_per_seq) anchors, all branches are sampled and scored in one server call (the "
+                    "target computes each reference prefix once), then every optimizer step trains on one disjoint "
+                    "share of anchors_per_seq + root_anchors_per_seq anchors per sequence with the current drafter")
+    compute_dtype: Literal["float32", "bfloat16"] = Field(
+        default="bfloat16", description="torch.autocast dtype of the drafter forward (weights and optimizer stay "
+                                        "fp32; the loss runs in fp32)")
     lr: float = Field(default=3e-4, gt=0)
     warmup_steps: int = Field(default=10, ge=0)
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
@@ -99,20 +108,21 @@ def sample_branches(draft_logits: torch.Tensor, k: int, temperature: float, gen:
     return draws.view(nb, g, k).permute(0, 2, 1).contiguous()
 
 
-def draft_slot_logits(drafter, seq, anchors: torch.Tensor, roots: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def draft_slot_logits(drafter, seq, anchors: torch.Tensor, roots: torch.Tensor,
+                      head_dtype: str = "float32") -> Tuple[torch.Tensor, torch.Tensor]:
     """Drafter logits for branch anchors (slots 1..G, ``[A, G, V]``) and root anchors (slot 1 only, ``[R, V]``).
 
     One drafter forward over all A + R blocks (the training mask: each block sees the reference features before
-    its anchor); the vocabulary head runs on the rows the loss uses only (the head dominates the drafter's cost).
-    ``seq`` has ``features [L, K*H]`` and ``token_ids [L]``; anchors / roots: int64 ``[A]`` / ``[R]``.
+    its anchor); the vocabulary head runs on the rows the loss uses only (the head dominates the drafter's cost),
+    its matmul in ``head_dtype`` (:func:`target_head_logits`: bfloat16 uses a cached bf16 copy of the frozen head,
+    so an autocast forward does not re-cast the ``[V, H]`` weight every call); logits come back fp32 with their
+    graph. ``seq`` has ``features [L, K*H]`` and ``token_ids [L]``; anchors / roots: int64 ``[A]`` / ``[R]``.
     """
-    if roots.numel() == 0:
-        logits, _ = drafter.logits(seq.features.float(), seq.token_ids, anchors)  # [A, B, V]
-        return logits[:, 1:], logits.new_zeros(0, logits.shape[-1])
     hidden, _ = drafter.block_hidden(seq.features.float(), seq.token_ids, torch.cat([anchors, roots]))
     head = drafter._head()
     a_n = anchors.numel()
-    return head.logits(hidden[:a_n, 1:]), head.logits(hidden[a_n:, 1])
+    return (target_head_logits(head, hidden[:a_n, 1:], head_dtype),
+            target_head_logits(head, hidden[a_n:, 1], head_dtype))
 
 
 def root_slot1_correction(*, loss_alpha: torch.Tensor, kb: int, g: int, p_anchor: torch.Tensor,
@@ -170,101 +180,21 @@ def reference_blocks(token_ids: torch.Tensor, anchors: torch.Tensor, g: int) -> 
     return torch.where(pos < ids.numel(), ids[pos.clamp(max=ids.numel() - 1)], torch.full_like(pos, -1))
 
 
-def build_tree_request(seqs, anchors_list, packed_list, block_size: int, roots_list=None):
-    """The score_trees request of one step: per sequence its anchors, each with its trie of branch tokens, then
-    its root anchors (``roots_list``, optional int64 ``[R]`` per sequence) as trees without nodes."""
-    from sglang_specopd.protocol import ScoreTreesRequest
-
-    refs = []
-    roots_list = roots_list if roots_list is not None else [torch.empty(0, dtype=torch.long)] * len(seqs)
-    for s, anchors, packed, roots in zip(seqs, anchors_list, packed_list, roots_list):
-        trees = [{"anchor": int(a), "tokens": packed.tokens[j], "parents": packed.parents[j]}
-                 for j, a in enumerate(anchors.tolist())]
-        trees += [{"anchor": int(a), "tokens": []} for a in roots.tolist()]
-        refs.append({"input_ids": s.token_ids.tolist(), "trees": trees})
-    return ScoreTreesRequest(references=refs, block_size=block_size, returns=["hidden"], output_dtype="float32")
-
-
 def specopd_step(drafter, client, seqs: List, cfg: SpecOPDConfig, gen: torch.Generator) -> Tuple[torch.Tensor, Dict]:
     """Forward + sample + score + loss for one step (no optimiser); returns (loss, metrics).
 
-    Branches are trie-packed per anchor (:mod:`.branch_tree`): shared branch prefixes are scored once and the
-    loss runs once per distinct row (:func:`specopd_kernels.losses.tree_loss`, equal to the loss on the
-    expanded branches). Metrics: ``supervised_tokens`` = anchors x branches x G (branch tokens the loss
-    trains on), ``scored_rows`` = distinct target rows behind them (anchor rows + tree nodes), ``alpha`` per
-    slot (mean over branches), ``est_tau`` = 1 + E[A] from those alphas, wall seconds ``draft_s`` (drafter
-    forward + sampling + packing), ``score_s`` (the server call), ``loss_s`` (target head + loss forward). With
+    One scored batch of one minibatch (:mod:`.specopd_batch`, whatever ``cfg.minibatches`` says): the drafter
+    forward at the anchors is both the sampling and the loss forward. Branches are trie-packed per anchor
+    (:mod:`.branch_tree`): shared branch prefixes are scored once and the loss runs once per distinct row
+    (:func:`specopd_kernels.losses.tree_loss`, equal to the loss on the expanded branches). Metrics:
+    ``supervised_tokens`` = anchors x branches x G (branch tokens the loss trains on) + root anchors,
+    ``scored_rows`` = distinct target rows behind them (anchor rows + tree nodes), ``alpha`` per slot (mean over
+    branches), ``est_tau`` = 1 + E[A] from those alphas, wall seconds ``draft_s`` (drafter forward + sampling +
+    packing), ``score_s`` (the server call), ``loss_s`` (target head + loss forward). With
     ``cfg.reference_branch`` the reference continuation is one more branch per anchor (counted in
-    ``supervised_tokens``; ``alpha`` / ``est_tau`` stay over the sampled branches).
+    ``supervised_tokens``; ``alpha`` / ``est_tau`` stay over the sampled branches). Raises ValueError when no
+    sequence has a response position to anchor at.
     """
-    from specopd_kernels.losses import expected_acceptance_length, tree_loss_and_alpha
-    from specopd_trainer.loops.branch_tree import pack_branches
-    from specopd_trainer.loops.common import sample_anchors
+    from specopd_trainer.loops.specopd_batch import minibatch_loss, sample_and_score
 
-    B = drafter.block_size
-    g = B - 1
-    per_seq = []
-    t0 = time.monotonic()
-    for s in seqs:
-        picked = sample_anchors(s.prompt_len, len(s.token_ids), cfg.anchors_per_seq + cfg.root_anchors_per_seq, gen)
-        if picked.numel() == 0:
-            continue
-        anchors, roots = picked, picked[:0]
-        if cfg.root_anchors_per_seq:  # anchors_per_seq of them, at random, get branches; the rest only slot 1
-            order = torch.randperm(picked.numel(), generator=gen)
-            anchors = picked[order[: cfg.anchors_per_seq]].sort().values
-            roots = picked[order[cfg.anchors_per_seq:]].sort().values
-        q, q_root = draft_slot_logits(drafter, s, anchors, roots)  # [A, G, V], [R, V]
-        branches = sample_branches(q, cfg.branches, cfg.temperature, gen)  # [A, K, G]
-        if cfg.greedy_branch:
-            branches[:, 0] = q.detach().argmax(dim=-1)
-        ref = None
-        if cfg.reference_branch > 0:  # branch K of every anchor: the reference continuation (T=0 served path)
-            ref = reference_blocks(s.token_ids, anchors, g)
-            branches = torch.cat([branches, ref.clamp(min=0)[:, None]], dim=1)
-        packed = pack_branches(branches, g - 1)
-        per_seq.append((s, anchors, q, packed, ref, roots, q_root))
-    if not per_seq:
-        raise ValueError("no sequence of this step has a response position to anchor at")
-    t1 = time.monotonic()
-    scored = client.score_trees(build_tree_request([x[0] for x in per_seq], [x[1] for x in per_seq],
-                                                   [x[3] for x in per_seq], B, [x[5] for x in per_seq]))
-    kb = cfg.branches_per_anchor
-    t2 = time.monotonic()
-    total, alphas, taus, n, rows, n_root = 0.0, [], [], 0, 0, 0
-    head = drafter._head()
-    for (s, anchors, q, packed, ref, roots, q_root), sc in zip(per_seq, scored):
-        a_n, r_n = len(anchors), len(roots)
-        with torch.no_grad():
-            p_all = target_head_logits(head, sc.hidden, cfg.head_dtype)  # [A + R + nodes, V] fp32
-        if p_all.shape[0] != packed.row_anchor.numel() + r_n:
-            raise RuntimeError(f"score_trees returned {p_all.shape[0]} rows, expected "
-                               f"{packed.row_anchor.numel() + r_n}")
-        # rows: the A branch-anchor rows, the R root-anchor rows, then the nodes of the branch trees
-        p_rows = torch.cat([p_all[:a_n], p_all[a_n + r_n:]]) if r_n else p_all
-        q_flat = q.reshape(-1, q.shape[-1])  # [A*G, V], one row per (anchor, slot); gradient flows to q
-        row_draft = packed.row_anchor * g + packed.row_slot
-        # alpha [A*K, G] (detached) comes with the loss: for E2E-TV it is the loss's own intermediate
-        greedy = {}
-        if ref is not None:
-            greedy = {"greedy_branches": torch.arange(len(anchors)) * kb + cfg.branches, "greedy_tokens": ref,
-                      "greedy_weight": cfg.reference_branch}
-        loss, alpha = tree_loss_and_alpha(cfg.loss, p_rows, q_flat, row_draft, packed.row_index,
-                                          row_token=packed.row_token, sample_temperature=cfg.temperature, **greedy)
-        if r_n:
-            loss = loss + root_slot1_correction(loss_alpha=alpha, kb=kb, g=g, p_anchor=p_rows[:a_n],
-                                                q_anchor=q[:, 0], p_root=p_all[a_n: a_n + r_n], q_root=q_root,
-                                                weights=cfg.loss)
-        alpha = alpha.view(len(anchors), kb, g)[:, : cfg.branches].reshape(-1, g)  # metrics: sampled branches
-        _, tau = expected_acceptance_length(alpha)
-        total = total + loss * len(anchors)
-        n += len(anchors)
-        n_root += r_n
-        rows += p_all.shape[0]
-        alphas.append(alpha.mean(0))
-        taus.append(float(tau.mean()))
-    loss = total / n
-    metrics = {"alpha": torch.stack(alphas).mean(0).tolist(), "est_tau": sum(taus) / len(taus),
-               "supervised_tokens": n * kb * g + n_root, "root_anchors": n_root, "scored_rows": rows,
-               "draft_s": t1 - t0, "score_s": t2 - t1, "loss_s": time.monotonic() - t2}
-    return loss, metrics
+    return minibatch_loss(drafter, sample_and_score(drafter, client, seqs, cfg, gen, minibatches=1), 0, cfg)

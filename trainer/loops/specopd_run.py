@@ -45,14 +45,15 @@ class _Counters:
 
     ``counters.json`` maps a step (completed steps) to {supervised_tokens, wall_s}; it is written atomically by
     rank 0 at the end of each step function, i.e. before the engine checkpoints that step, and keeps the steps
-    that can be checkpoints (multiples of ``ckpt_every``, the last few) plus the latest.
+    of the last ``3 * ckpt_every + batch_steps`` (the latest checkpoint is among them: the engine checkpoints at
+    least every ``ckpt_every + batch_steps - 1`` steps).
     """
 
-    def __init__(self, run_dir: Path, ckpt_every: int, rank: int):
+    def __init__(self, run_dir: Path, ckpt_every: int, rank: int, batch_steps: int = 1):
         from specopd_trainer.checkpoint import latest_checkpoint
 
         self.path = run_dir / COUNTERS_FILE
-        self.ckpt_every = ckpt_every
+        self.window = 3 * ckpt_every + batch_steps
         self.rank = rank
         self.table: Dict[str, dict] = {}
         if self.path.is_file():
@@ -75,9 +76,7 @@ class _Counters:
         if self.rank == 0:
             self.table[str(done_steps)] = {"supervised_tokens": self.tokens, "wall_s": round(wall, 3)}
             keys = sorted(int(k) for k in self.table)
-            mult = [k for k in keys if k % self.ckpt_every == 0][-3:]
-            keep = set(mult) | {keys[-1]}
-            self.table = {str(k): self.table[str(k)] for k in keys if k in keep}
+            self.table = {str(k): self.table[str(k)] for k in keys if k >= keys[-1] - self.window}
             _atomic_write_text(self.path, json.dumps(self.table))
         return {"supervised_tokens": self.tokens, "supervised_wall_s": wall,
                 "supervised_tokens_per_s": self.tokens / max(wall, 1e-9)}
@@ -116,18 +115,23 @@ def _reduce(loss: float, tau: float, alpha: List[float], tokens: int, world: int
 
 
 class _SpecOPDStep(torch.nn.Module):
-    """The DDP-wrappable unit: one :func:`specopd_step` (drafter forward, sampling, scoring, loss)."""
+    """The DDP-wrappable unit: one minibatch's loss (:mod:`specopd_trainer.loops.specopd_batch`); minibatch 0
+    first samples and scores the batch (drafter forward, sampling, ONE server call) and keeps it for the others."""
 
     def __init__(self, drafter, client, cfg):
         super().__init__()
         self.drafter = drafter
         self._client = client
         self._cfg = cfg
+        self.batch = None
 
-    def forward(self, seqs, gen):
-        from specopd_trainer.loops.specopd import specopd_step
+    def forward(self, seqs, gen, part: int):
+        from specopd_trainer.loops.specopd_batch import minibatch_loss, sample_and_score
 
-        return specopd_step(self.drafter, self._client, seqs, self._cfg, gen)
+        if part == 0:
+            self.batch = None  # free the previous batch's rows first
+            self.batch = sample_and_score(self.drafter, self._client, seqs, self._cfg, gen)
+        return minibatch_loss(self.drafter, self.batch, part, self._cfg)
 
 
 def train_specopd(drafter, client, train_seqs: List, run_dir: str | Path, cfg, *, push: Optional[PushFn] = None,
@@ -154,12 +158,19 @@ def train_specopd(drafter, client, train_seqs: List, run_dir: str | Path, cfg, *
 
         # the target head's (non-persistent) buffers are loaded identically on every rank: no per-step broadcast
         module = DistributedDataParallel(module, broadcast_buffers=False)
-    counters = _Counters(run_dir, cfg.ckpt_every, rank)
+    counters = _Counters(run_dir, cfg.ckpt_every, rank, cfg.minibatches)
     pushed: List[int] = []
+    batch_start = [None]  # the step whose generator sampled the scored batch in use
 
     def step_fn(step: int, gen: torch.Generator):
-        picks = torch.randint(len(train_seqs), (cfg.seqs_per_step,), generator=gen).tolist()
-        loss, m = module([train_seqs[i] for i in picks], gen)
+        if batch_start[0] is None or step - batch_start[0] >= cfg.minibatches:
+            batch_start[0] = step
+        part = step - batch_start[0]
+        seqs = []
+        if part == 0:
+            picks = torch.randint(len(train_seqs), (cfg.seqs_per_step,), generator=gen).tolist()
+            seqs = [train_seqs[i] for i in picks]
+        loss, m = module(seqs, gen, part)
         loss.backward()
         value, tau = float(loss.item()), float(m["est_tau"])
         alpha, tokens = [float(a) for a in m["alpha"]], int(m["supervised_tokens"])
@@ -178,7 +189,8 @@ def train_specopd(drafter, client, train_seqs: List, run_dir: str | Path, cfg, *
     summary = run_training(drafter, step_fn, run_dir, steps=cfg.steps, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
                            min_lr_ratio=cfg.min_lr_ratio, grad_clip=cfg.grad_clip, seed=cfg.seed,
                            log_every=cfg.log_every, ckpt_every=cfg.ckpt_every, max_minutes=cfg.max_minutes,
-                           config=cfg.model_dump(), desc="SpecOPD", on_step=on_step, progress=progress)
+                           config=cfg.model_dump(), desc="SpecOPD", on_step=on_step, progress=progress,
+                           batch_steps=cfg.minibatches)
     if rank == 0 and push is not None and (not pushed or pushed[-1] != summary["steps"]):
         push(summary["steps"], drafter)
         pushed.append(summary["steps"])
