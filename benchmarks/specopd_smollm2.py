@@ -73,7 +73,7 @@ def continued_sft_config(budget_tokens: int, g: int, lr: float):
 def specopd_config(budget_tokens: int, g: int, *, anchors_per_seq: int, branches: int, seqs_per_step: int,
                    lr: float, temperature: float = 1.0, greedy_branch: bool = False, loss: str = "e2e_tv",
                    reference_branch: float = 0.0, root_anchors: int = 0, minibatches: int = 1,
-                   compute_dtype: str = "bfloat16"):
+                   compute_dtype: str = "float32"):
     """The SpecOPD arm: seqs x (anchors x branches x ``g`` supervised branch tokens (branches + 1 with the
     reference branch) + root anchors x 1 slot-1 token) per step, as many steps as the budget buys (a multiple of
     ``minibatches``: whole scored batches), every step logged, no mid-run checkpoints."""
@@ -135,9 +135,9 @@ def main(argv=None) -> int:
                     help="SpecOPD: lambda of the reference (T=0 path) branch per anchor (loss e2e_fkl_is; 0 = off)")
     ap.add_argument("--root-anchors", type=int, default=64,
                     help="SpecOPD: extra anchors per sequence scored at the tree root only (slot 1; loss e2e_fkl(_is))")
-    ap.add_argument("--minibatches", type=int, default=4,
+    ap.add_argument("--minibatches", type=int, default=1,
                     help="SpecOPD: optimizer steps per scored batch (minibatches x the anchors scored in one call)")
-    ap.add_argument("--compute-dtype", default="bfloat16", choices=["bfloat16", "float32"],
+    ap.add_argument("--compute-dtype", default="float32", choices=["bfloat16", "float32"],
                     help="SpecOPD: autocast dtype of the drafter forward")
     ap.add_argument("--loss", default="e2e_fkl_is",
                     help="SpecOPD's proposal-tree loss (e2e_tv, e2e_fkl, tv, fkl, rkl; see specopd_kernels.losses)")

@@ -124,6 +124,19 @@ def main(argv=None) -> int:
     spec = launch_spec(ServeConfig.load(config_path("cpu-smollm2")), port=args.port, drafter=str(sft_dir),
                        admin_api_key=ADMIN_KEY)
     results = []
+
+    def save(start):  # after every arm: a run stopped early keeps the arms it finished
+        payload = {"target": "SmolLM2-135M-Instruct", "start": str(sft_dir),
+                   "budget_target_tokens": args.budget_tokens,
+                   "references": {"dir": args.refs_dir, "offset": args.refs_offset,
+                                  "per_domain": args.refs_per_domain, "sequences": len(train_seqs)},
+                   "validation": {"split": "eval" if args.eval_split else "train",
+                                  **({} if args.eval_split else {"offset": args.val_offset}),
+                                  "limit_per_domain": args.val_limit, "max_new_tokens": args.eval_max_new_tokens},
+                   "serving": {"draft_sampling": draft_sampling_mode()}, "sft_start": start, "arms": results,
+                   "complete": len(results) == len(arms)}
+        write_result(args.out, payload, command="python " + " ".join(sys.argv))
+
     with SGLangServer(spec) as server, SpecOPDClient(server.url) as client:
         start = evaluate(server.url)
         print("sft_start", json.dumps(start), file=sys.stderr)
@@ -147,14 +160,7 @@ def main(argv=None) -> int:
                             "gain_over_start": gain})
             print(text, json.dumps({t: round(acc[t]["mean"], 4) for t in ("T0", "T1")}), f"{wall:.0f}s",
                   file=sys.stderr, flush=True)
-    payload = {"target": "SmolLM2-135M-Instruct", "start": str(sft_dir), "budget_target_tokens": args.budget_tokens,
-               "references": {"dir": args.refs_dir, "offset": args.refs_offset, "per_domain": args.refs_per_domain,
-                              "sequences": len(train_seqs)},
-               "validation": {"split": "eval" if args.eval_split else "train",
-                              **({} if args.eval_split else {"offset": args.val_offset}),
-                              "limit_per_domain": args.val_limit, "max_new_tokens": args.eval_max_new_tokens},
-               "serving": {"draft_sampling": draft_sampling_mode()}, "sft_start": start, "arms": results}
-    write_result(args.out, payload, command="python " + " ".join(sys.argv))
+            save(start)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

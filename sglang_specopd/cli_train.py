@@ -94,7 +94,7 @@ def train_specopd_cmd(
     minibatches: int = typer.Option(1, "--minibatches", min=1,
                                     help="Optimizer steps per scored batch: minibatches x the anchors are sampled and "
                                          "scored in one server call, each step trains on one share."),
-    compute_dtype: str = typer.Option("bfloat16", "--compute-dtype",
+    compute_dtype: str = typer.Option("float32", "--compute-dtype",
                                       help="Autocast dtype of the drafter forward: bfloat16 or float32."),
     lr: float = typer.Option(3e-4, "--lr", help="Peak learning rate (AdamW)."),
     warmup: int = typer.Option(10, "--warmup", min=0, help="Warmup steps (then cosine decay)."),

@@ -48,6 +48,26 @@ def test_parse_arm_greedy_branch_flag():
     assert sweep.parse_arm("specopd:greedy=0") == ("specopd", {"greedy": False})
     assert sweep.SPECOPD_KEYS["greedy"] == "greedy_branch"
     assert sweep.parse_arm("specopd:loss=fkl") == ("specopd", {"loss": "fkl"})
+    assert sweep.parse_arm("specopd:M=4,dtype=float32") == ("specopd", {"M": 4, "dtype": "float32"})
+    assert (sweep.SPECOPD_KEYS["M"], sweep.SPECOPD_KEYS["dtype"]) == ("minibatches", "compute_dtype")
+
+
+def test_specopd_config_buys_whole_scored_batches():
+    """The comparison's SpecOPD arm: steps = the budget / supervised tokens per step, rounded to whole scored
+    batches of ``minibatches`` steps."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "specopd_smollm2.py"
+    spec = importlib.util.spec_from_file_location("specopd_smollm2_cfg", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    kw = dict(anchors_per_seq=8, branches=7, seqs_per_step=2, lr=1e-3, loss="e2e_fkl_is", root_anchors=64)
+    one = mod.specopd_config(229376, 7, **kw)  # 912 tokens per step -> 251.5 steps
+    four = mod.specopd_config(229376, 7, minibatches=4, **kw)
+    assert (one.steps, one.minibatches) == (252, 1) and (four.steps, four.minibatches) == (252, 4)
+    assert mod.specopd_config(229376, 7, minibatches=5, **kw).steps == 250
+    assert four.compute_dtype == "float32"
 
 
 def test_fresh_references_are_disjoint_from_sft_validation_and_eval_prompts():

@@ -96,7 +96,8 @@ def run_main_job(cfg: MainJobConfig, console=None) -> Dict:
         before = evaluate_acceptance(server.url, tok, DOMAINS, temperature=0.0, limit=cfg.eval_limit,
                                      max_new_tokens=cfg.eval_max_new_tokens, progress=False)
         scfg = SpecOPDConfig(steps=cfg.specopd_steps, anchors_per_seq=8, branches=7, root_anchors_per_seq=64,
-                             seqs_per_step=2, lr=1e-3, loss="e2e_fkl_is", warmup_steps=2, push_every=cfg.push_every, log_every=1, ckpt_every=cfg.specopd_steps)
+                             seqs_per_step=2, lr=1e-3, loss="e2e_fkl_is", warmup_steps=2,
+                             push_every=cfg.push_every, log_every=1, ckpt_every=cfg.specopd_steps)
         t0 = time.monotonic()
         run_dir = work / f"specopd-{int(time.time())}"
         summary = train_specopd(drafter, client, refs_hold + refs, run_dir, scfg,
