@@ -121,3 +121,16 @@ def test_throughput_script_rejects_a_bad_setting_before_starting_anything():
     throughput = load_benchmark("specopd_throughput")
     with pytest.raises(ValueError, match="unknown key 'Z'"):
         throughput.main(["--settings", "A=8,Z=1"])
+
+
+def test_drift_script_reads_the_scheduler_rss(monkeypatch):
+    """score_trees_drift.scheduler_rss_mb parses ``ps -eo rss,args``: the first sglang::scheduler row in MB, else -1."""
+    import subprocess
+    from types import SimpleNamespace
+
+    drift = load_benchmark("score_trees_drift")
+    table = "  RSS COMMAND\n 4096 python -m pytest\n 3340288 sglang::scheduler_TP0\n 99 sglang::scheduler\n"
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: SimpleNamespace(stdout=table))
+    assert drift.scheduler_rss_mb() == 3262
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: SimpleNamespace(stdout="  RSS COMMAND\n 4096 python\n"))
+    assert drift.scheduler_rss_mb() == -1
