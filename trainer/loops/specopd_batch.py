@@ -127,9 +127,10 @@ def sample_and_score(drafter, client, seqs: List, cfg, gen: torch.Generator,
     if not per_seq:
         raise ValueError("no sequence of this step has a response position to anchor at")
     t1 = time.monotonic()
-    scored = client.score_trees(_request(per_seq, drafter.block_size))
-    for shares, sc in zip(per_seq, scored):
-        _attach_rows(shares, sc.hidden)
+    plans = [_tree_plan(shares) for shares in per_seq]
+    scored = client.score_trees(_request(per_seq, plans, drafter.block_size))
+    for shares, plan, sc in zip(per_seq, plans, scored):
+        _attach_rows(shares, plan, sc.hidden)
     return ScoredBatch([list(p) for p in zip(*per_seq)], draft_s=t1 - t0, score_s=time.monotonic() - t1)
 
 
@@ -147,18 +148,19 @@ def _tree_plan(shares: List[Share]):
     return trees, anchor_row
 
 
-def _request(per_seq: List[List[Share]], block_size: int):
-    """The batch's one score_trees request (:func:`_tree_plan` per sequence)."""
+def _request(per_seq: List[List[Share]], plans, block_size: int):
+    """The batch's one score_trees request (``plans``: :func:`_tree_plan` per sequence)."""
     from sglang_specopd.protocol import ScoreTreesRequest
 
-    refs = [{"input_ids": shares[0].seq.token_ids.tolist(), "trees": _tree_plan(shares)[0]} for shares in per_seq]
+    refs = [{"input_ids": shares[0].seq.token_ids.tolist(), "trees": trees}
+            for shares, (trees, _) in zip(per_seq, plans)]
     return ScoreTreesRequest(references=refs, block_size=block_size, returns=["hidden"], output_dtype="float32")
 
 
-def _attach_rows(shares: List[Share], hidden: torch.Tensor) -> None:
+def _attach_rows(shares: List[Share], plan, hidden: torch.Tensor) -> None:
     """Give each share its rows of one reference's reply (every tree's anchor row in tree order, then every tree's
-    nodes): ``[its branch-anchor rows, its root rows, its nodes]``."""
-    trees, anchor_row = _tree_plan(shares)
+    nodes): ``[its branch-anchor rows, its root rows, its nodes]``; ``plan``: the reference's :func:`_tree_plan`."""
+    trees, anchor_row = plan
     want = len(trees) + sum(sh.packed.num_nodes for sh in shares)
     if hidden.shape[0] != want:
         raise RuntimeError(f"score_trees returned {hidden.shape[0]} rows, expected {want}")
