@@ -34,6 +34,9 @@ class ServeConfig(BaseModel):
     disable_cuda_graph: bool = False
     disable_overlap_schedule: bool = False
     sleep_on_idle: bool = False
+    score_trees_prefix_cache_mb: int = Field(
+        default=0, ge=0, description="MiB of reference-prefix K/V that /specopd/score_trees keeps across calls "
+                                     "(sglang_specopd.prefix_cache; 0 = off)")
     checked_on_gpu: bool = False
     extra_sglang_args: List[str] = Field(default_factory=list)
 

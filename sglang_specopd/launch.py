@@ -49,10 +49,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def server_env(device: str, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    """Environment for the SGLang process: on CPU, the CPU engine and the ``sgl_kernel`` stand-in."""
+def server_env(device: str, base: Optional[Dict[str, str]] = None, prefix_cache_mb: int = 0) -> Dict[str, str]:
+    """Environment for the SGLang process: the score_trees prefix cache's size (``SPECOPD_PREFIX_CACHE_MB``) and,
+    on CPU, the CPU engine and the ``sgl_kernel`` stand-in."""
+    from sglang_specopd.prefix_cache import ENV_VAR
+
     env = dict(os.environ if base is None else base)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env[ENV_VAR] = str(int(prefix_cache_mb))
     if device == "cpu":
         from sglang_specopd.cpu import STANDIN_DIR
 
@@ -88,6 +92,7 @@ class LaunchSpec:
     sleep_on_idle: bool = False
     api_key: Optional[str] = None
     admin_api_key: Optional[str] = None
+    prefix_cache_mb: int = 0
     extra_args: List[str] = field(default_factory=list)
 
     def argv(self) -> List[str]:
@@ -164,7 +169,7 @@ class SGLangServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(self.spec.argv(), env=server_env(self.spec.device), stdout=log,
+        self.proc = subprocess.Popen(self.spec.argv(), env=server_env(self.spec.device, prefix_cache_mb=self.spec.prefix_cache_mb), stdout=log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
         _install_cleanup()

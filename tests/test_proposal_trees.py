@@ -74,11 +74,40 @@ def test_grouped_tree_attention_matches_dense_mask(seed, hq, hkv):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (9, 3)])
+@pytest.mark.parametrize("seed", range(6))
+def test_grouped_tree_attention_with_cached_prefix_kv(seed, hq, hkv):
+    """Node rows against a prefix's recorded K/V (``prefix_kv``, the score_trees prefix cache) equal the node rows
+    of the full-row attention, in value and in gradient w.r.t. the node q/k/v."""
+    rng = random.Random(100 + seed)
+    torch.manual_seed(seed)
+    p = rng.randint(1, 14)
+    anchors, parents = _random_trees(rng, p)
+    layout = build_tree_layout(p, anchors, parents)
+    t = p + layout.num_nodes
+    q, k, v = torch.randn(t, hq, 8), torch.randn(t, hkv, 8), torch.randn(t, hkv, 8)
+    qn, kn, vn = (x[p:].clone().requires_grad_() for x in (q, k, v))
+    full = tree_attention_grouped(torch.cat([q[:p], qn]), torch.cat([k[:p], kn]), torch.cat([v[:p], vn]), layout)
+    cached = tree_attention_grouped(qn, kn, vn, layout, prefix_kv=(k[:p], v[:p]))
+    assert cached.shape == (layout.num_nodes, hq, 8)
+    torch.testing.assert_close(cached, full[p:], atol=1e-6, rtol=1e-6)
+    if layout.num_nodes:
+        w = torch.randn_like(cached)
+        g_full = torch.autograd.grad((full[p:] * w).sum(), (qn, kn, vn))
+        g_cached = torch.autograd.grad((cached * w).sum(), (qn, kn, vn))
+        for a, b in zip(g_cached, g_full):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 def test_grouped_tree_attention_rejects_wrong_row_length():
     layout = build_tree_layout(4, [1], [[-1, 0]])
     q = torch.randn(5, 2, 4)
     with pytest.raises(ValueError, match="layout expects 4 \\+ 2"):
         tree_attention_grouped(q, q, q, layout)
+    with pytest.raises(ValueError, match="node rows only"):
+        tree_attention_grouped(q, q, q, layout, prefix_kv=(q[:4], q[:4]))  # 5 rows given, 2 nodes expected
+    with pytest.raises(ValueError, match="prefix K/V have 3 / 3 rows, layout expects 4"):
+        tree_attention_grouped(q[:2], q[:2], q[:2], layout, prefix_kv=(q[:3], q[:3]))
     with pytest.raises(ValueError, match="out of range"):
         build_tree_layout(4, [4], [[-1]])
 

@@ -41,6 +41,7 @@ MAX_PAYLOAD = 1_000_000
 PROMPTS = TINY_PROMPTS[:3]
 NEW_TOKENS = 16
 TOL = 1e-4  # fp32
+PREFIX_CACHE_MB = 64  # the shared server keeps reference prefixes' K/V across calls (the exactness tests run on it)
 
 # ---------------------------------------------------------------------------------------------------------------
 # The shared server (one for test_score_trees.py and test_hot_swap.py)
@@ -93,7 +94,8 @@ def _start_shared(target: Path, drafter: Path, tmp_path_factory) -> Shared:
 
     cfg = json.loads((target / "config.json").read_text())
     scaled = make_scaled_drafter(drafter, tmp_path_factory.mktemp("scaled-drafter") / "scaled")
-    spec = dataclasses.replace(tiny_launch_spec(target, free_port(), drafter), admin_api_key=ADMIN_KEY)
+    spec = dataclasses.replace(tiny_launch_spec(target, free_port(), drafter), admin_api_key=ADMIN_KEY,
+                               prefix_cache_mb=PREFIX_CACHE_MB)
     stack = contextlib.ExitStack()
     with _env_var(MAX_PAYLOAD_ENV, str(MAX_PAYLOAD)):  # read by the HTTP process: must be set at launch
         srv = stack.enter_context(running_server(spec, tmp_path_factory.mktemp("logs"), "specopd-score-swap"))
@@ -289,7 +291,8 @@ def test_reply_layout(shared_server: Shared, exactness) -> None:
     V = shared_server.vocab_size
     for i, ref in enumerate(req.references):
         A, N = len(ref.trees), len(nodes[i])
-        assert header["references"][i] == {"num_anchors": A, "num_nodes": N, "prefix_len": len(ref.input_ids)}
+        assert header["references"][i] == {"num_anchors": A, "num_nodes": N, "prefix_len": len(ref.input_ids),
+                                           "prefix_cache": "miss"}  # first call for this reference
         p = f"ref{i}."
         assert tensors[p + "topk_ids"].shape == (A + N, TOP_K) and tensors[p + "topk_ids"].dtype == torch.int64
         assert tensors[p + "topk_logprobs"].shape == (A + N, TOP_K)
@@ -516,6 +519,50 @@ def test_root_only_trees_return_their_anchor_rows(shared_server: Shared) -> None
     torch.testing.assert_close(h_mixed[:3], h_full[:3], atol=TOL, rtol=TOL)
     torch.testing.assert_close(h_roots, h_full[:3], atol=TOL, rtol=TOL)
     torch.testing.assert_close(h_mixed[3:], h_full[3:5], atol=TOL, rtol=TOL)
+
+
+def test_prefix_cache_hits_equal_full_forwards(shared_server: Shared) -> None:
+    """A reference scored again reuses its prefix K/V ("hit": only the tree nodes run through the target) and
+    gets the rows a full forward gives: the same trees again, other trees (against a full forward that bypasses
+    the cache: a features request), root-only trees (no forward at all); a new prefix is a miss."""
+    from trainer.client import SpecOPDClient
+
+    rng = random.Random(7)
+    V = shared_server.vocab_size
+    prefix = [rng.randrange(5, V) for _ in range(23)]
+
+    def trees(seed):
+        r = random.Random(seed)
+        out = []
+        for a in (2, 9, 15, 22):
+            toks, pars = random_tree(r, V, r.randint(2, 6), max_depth=3)
+            out.append({"anchor": a, "tokens": toks, "parents": pars})
+        return out
+
+    def req(tr, **kw):
+        return ScoreTreesRequest(references=[{"input_ids": prefix, "trees": tr}], block_size=4,
+                                 returns=["hidden", "logprobs"], **kw)
+
+    with SpecOPDClient(shared_server.url, retries=0) as client:
+        first = client.score_trees(req(trees(1)))[0]
+        again = client.score_trees(req(trees(1)))[0]
+        other = client.score_trees(req(trees(2)))[0]
+        other_full = client.score_trees(req(trees(2), feature_layer_ids=[0]))[0]
+        roots = client.score_trees(req([{"anchor": a, "tokens": []} for a in (2, 9, 15, 22)]))[0]
+        fresh = client.score_trees(ScoreTreesRequest(references=[{"input_ids": prefix[:-1], "trees": trees(1)[:3]}],
+                                                     block_size=4, returns=["hidden"]))[0]
+    assert (first.prefix_cache, again.prefix_cache, other.prefix_cache) == ("miss", "hit", "hit")
+    assert (other_full.prefix_cache, roots.prefix_cache, fresh.prefix_cache) == ("off", "hit", "miss")
+    assert other_full.features is not None and other.features is None
+    torch.testing.assert_close(again.hidden, first.hidden, atol=TOL, rtol=TOL)
+    torch.testing.assert_close(again.logprobs, first.logprobs, atol=TOL, rtol=TOL)
+    assert other.hidden.shape == other_full.hidden.shape and other.num_nodes == other_full.num_nodes > 4
+    torch.testing.assert_close(other.hidden, other_full.hidden, atol=TOL, rtol=TOL)
+    torch.testing.assert_close(other.logprobs, other_full.logprobs, atol=TOL, rtol=TOL)
+    assert roots.hidden.shape[0] == 4
+    torch.testing.assert_close(roots.hidden, first.hidden[:4], atol=TOL, rtol=TOL)
+    # the different trees really score different rows (the comparison above is not between equal inputs)
+    assert first.num_nodes != other.num_nodes or not torch.allclose(first.hidden[4:], other.hidden[4:])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -748,3 +795,22 @@ def test_fuzz_score_trees(shared_server: Shared) -> None:
     # still serving, and the same greedy tokens as before the fuzzing
     for p in PROMPTS[:2]:
         assert shared_server.srv.generate(p, NEW_TOKENS)["output_ids"] == shared_server.reference[p]
+
+
+def test_prefix_cache_is_cleared_when_the_target_weights_change(shared_server: Shared) -> None:
+    """SGLang's own weight update (here: the same target from disk) empties the cache: the next call recomputes.
+    Last in the module: it reloads the served target."""
+    from trainer.client import SpecOPDClient
+
+    prefix = list(range(5, 25))
+    req = ScoreTreesRequest(references=[{"input_ids": prefix, "trees": [{"anchor": 4, "branches": [[7, 8]]}]}],
+                            block_size=4, returns=["hidden"])
+    with SpecOPDClient(shared_server.url, retries=0) as client:
+        before = client.score_trees(req)[0]
+        assert client.score_trees(req)[0].prefix_cache == "hit"
+        r = httpx.post(shared_server.url + "/update_weights_from_disk", json={"model_path": str(shared_server.target)},
+                       headers=shared_server.admin_headers, timeout=300)
+        assert r.status_code == 200 and r.json()["success"], r.text[:500]
+        after = client.score_trees(req)[0]
+    assert after.prefix_cache == "miss"
+    torch.testing.assert_close(after.hidden, before.hidden, atol=TOL, rtol=TOL)

@@ -189,6 +189,51 @@ def test_logits_and_gradients(drafter: DFlashDrafter) -> None:
     drafter.zero_grad(set_to_none=True)
 
 
+def test_selected_slots_equal_the_full_forward_in_value_and_gradient(drafter: DFlashDrafter) -> None:
+    """``forward_blocks(..., slots)`` (last layer on the selected rows only) == ``forward_blocks(...)[slots]``, and
+    so do the parameter gradients of any loss on those rows; anchor 0 (no context) and a block past the end too."""
+    g = torch.Generator().manual_seed(11)
+    tokens, feats = torch.randint(0, V, (24,), generator=g), torch.randn(24, 2 * H, generator=g)
+    anchors = [0, 3, 9, 17, 23]
+    blocks = make_blocks(tokens, anchors, drafter.block_size, drafter.spec.mask_token_id)
+    slots = torch.zeros(len(anchors), drafter.block_size, dtype=torch.bool)
+    slots[:2, 1:] = True  # branch anchors: every drafted slot
+    slots[2:, 1] = True  # root anchors: slot 1 only
+    w = torch.randn(int(slots.sum()), H, generator=g)
+    grads = []
+    for pick in (lambda: drafter.forward_blocks(feats, blocks.input_ids, blocks.positions, blocks.anchors)[slots],
+                 lambda: drafter.forward_blocks(feats, blocks.input_ids, blocks.positions, blocks.anchors, slots)):
+        drafter.zero_grad(set_to_none=True)
+        out = pick()
+        (out * w).sum().backward()
+        grads.append((out.detach(), {n: p.grad.clone() for n, p in drafter.named_parameters()}))
+    (h_ref, g_ref), (h_sel, g_sel) = grads
+    assert h_sel.shape == (9, H)
+    torch.testing.assert_close(h_sel, h_ref, atol=1e-6, rtol=1e-6)
+    assert g_ref.keys() == g_sel.keys()
+    for n in g_ref:
+        torch.testing.assert_close(g_sel[n], g_ref[n], atol=1e-5, rtol=1e-5, msg=n)
+    drafter.zero_grad(set_to_none=True)
+    hidden, labels = drafter.block_hidden(feats, tokens, anchors, slots)
+    torch.testing.assert_close(hidden, h_ref, atol=1e-6, rtol=1e-6)
+    with pytest.raises(DrafterInputError, match="slots must be bool"):
+        drafter.forward_blocks(feats, blocks.input_ids, blocks.positions, blocks.anchors, slots[:, :2])
+
+
+def test_head_of_a_slot_slice_equals_the_plain_matmul() -> None:
+    """The head on a non-contiguous slot slice (one flattened matmul) equals ``hidden @ lm_head.T``, gradient too."""
+    head = random_head(2)
+    hidden = torch.randn(5, 4, H, requires_grad=True)
+    out = head.logits(hidden[:, 1:])
+    ref = hidden[:, 1:] @ head.lm_head.T
+    assert out.shape == (5, 3, V)
+    torch.testing.assert_close(out, ref)
+    w = torch.randn_like(out)
+    (g_out,) = torch.autograd.grad((out * w).sum(), hidden)
+    (g_ref,) = torch.autograd.grad((ref * w).sum(), hidden)
+    torch.testing.assert_close(g_out, g_ref)
+
+
 def test_sampling_is_seeded(drafter: DFlashDrafter) -> None:
     feats = torch.randn(6, 2 * H, generator=torch.Generator().manual_seed(4))
     a = drafter.propose(feats, 3, 6, temperature=1.0, generator=torch.Generator().manual_seed(9))

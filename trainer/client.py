@@ -44,6 +44,7 @@ class ScoredReference:
     ``topk_ids`` int64 [A+N, k], ``topk_logprobs`` [A+N, k], ``lse`` fp32 [A+N] (log-sum-exp of raw logits),
     ``hidden`` [A+N, H] (final normed hidden state), ``logprobs`` [A+N, V], ``features`` [P, K*H] (target
     context features), ``node_anchor`` int64 [N] (index of each node's anchor). Absent fields are None.
+    ``prefix_cache``: "hit" (the server reused this prefix's K/V from an earlier call), "miss" or "off".
     """
 
     num_anchors: int
@@ -56,6 +57,7 @@ class ScoredReference:
     hidden: Any = None
     logprobs: Any = None
     features: Any = None
+    prefix_cache: str = "off"
 
 
 class SpecOPDClient:
@@ -121,7 +123,7 @@ class SpecOPDClient:
             p = f"ref{i}."
             out.append(ScoredReference(
                 num_anchors=meta["num_anchors"], num_nodes=meta["num_nodes"], prefix_len=meta["prefix_len"],
-                node_anchor=tensors[p + "node_anchor"],
+                node_anchor=tensors[p + "node_anchor"], prefix_cache=meta.get("prefix_cache", "off"),
                 **{k: tensors.get(p + k) for k in ("topk_ids", "topk_logprobs", "lse", "hidden", "logprobs",
                                                     "features")}))
         return out

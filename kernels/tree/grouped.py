@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import torch
 
@@ -79,20 +79,29 @@ def build_tree_layout(prefix_len: int, anchors: Sequence[int], tree_parents: Seq
 
 
 def tree_attention_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TreeLayout,
-                           scale: Optional[float] = None) -> torch.Tensor:
+                           scale: Optional[float] = None,
+                           prefix_kv: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
     """Tree-mask attention with GQA over one packed row, by anchor groups.
 
     q: [T, Hq, D]; k, v: [T, Hkv, D] (T = P + N, Hq a multiple of Hkv, HF ``repeat_kv`` head mapping: query
     head h uses kv head h // (Hq / Hkv)). Attention runs in q's dtype through
-    ``scaled_dot_product_attention`` (fused kernels, fp32 accumulation). Returns [T, Hq, D] in q's dtype. Differentiable (plain torch).
+    ``scaled_dot_product_attention`` (fused kernels, fp32 accumulation). Returns [T, Hq, D] in q's dtype.
+    With ``prefix_kv = (k_prefix, v_prefix)`` (``[P, Hkv, D]`` each, the prefix's keys and values as an earlier
+    forward computed them) q, k, v hold the N node rows only (T = N) and the result is the nodes' [N, Hq, D]:
+    the same node outputs, without recomputing the prefix. Differentiable (plain torch).
     Raises ValueError if T does not match the layout or Hq is not a multiple of Hkv.
     """
     t, hq, d = q.shape
     hkv = k.shape[1]
     p = layout.prefix_len
     n = layout.num_nodes
-    if t != p + n or k.shape[0] != t or v.shape[0] != t:
-        raise ValueError(f"row has {t} tokens, layout expects {p} + {n}")
+    cached = prefix_kv is not None
+    if t != (0 if cached else p) + n or k.shape[0] != t or v.shape[0] != t:
+        raise ValueError(f"row has {t} tokens, layout expects {0 if cached else p} + {n}"
+                         + (" (prefix K/V given: node rows only)" if cached else ""))
+    if cached and (prefix_kv[0].shape[0] != p or prefix_kv[1].shape[0] != p):
+        raise ValueError(f"prefix K/V have {prefix_kv[0].shape[0]} / {prefix_kv[1].shape[0]} rows, layout "
+                         f"expects {p}")
     if hq % hkv:
         raise ValueError(f"Hq={hq} must be a multiple of Hkv={hkv}")
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -100,16 +109,20 @@ def tree_attention_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la
     dt = q.dtype
     k, v = k.to(dt), v.to(dt)
     out = torch.empty(t, hq, d, dtype=dt, device=q.device)
-    out[:p] = torch.nn.functional.scaled_dot_product_attention(
-        q[:p].transpose(0, 1), k[:p].transpose(0, 1), v[:p].transpose(0, 1), is_causal=True, scale=scale,
-        enable_gqa=rep > 1).transpose(0, 1)
+    if cached:
+        kp, vp, base = prefix_kv[0].to(dt), prefix_kv[1].to(dt), 0
+    else:
+        kp, vp, base = k[:p], v[:p], p
+        out[:p] = torch.nn.functional.scaled_dot_product_attention(
+            q[:p].transpose(0, 1), kp.transpose(0, 1), vp.transpose(0, 1), is_causal=True, scale=scale,
+            enable_gqa=rep > 1).transpose(0, 1)
     if n:
         g, m = layout.group_nodes.shape
-        rows = p + layout.group_nodes.reshape(-1)  # [G*M]
+        rows = base + layout.group_nodes.reshape(-1)  # [G*M]
         qn = q[rows].view(g, m, hq, d).transpose(1, 2)  # [G, Hq, M, D]
-        keys = torch.cat([k[:p].transpose(0, 1)[None].expand(g, hkv, p, d),
+        keys = torch.cat([kp.transpose(0, 1)[None].expand(g, hkv, p, d),
                           k[rows].view(g, m, hkv, d).transpose(1, 2)], dim=2)  # [G, Hkv, P+M, D]
-        vals = torch.cat([v[:p].transpose(0, 1)[None].expand(g, hkv, p, d),
+        vals = torch.cat([vp.transpose(0, 1)[None].expand(g, hkv, p, d),
                           v[rows].view(g, m, hkv, d).transpose(1, 2)], dim=2)
         allowed = torch.cat([(torch.arange(p, device=q.device)[None, :] <= layout.group_anchor[:, None])
                              [:, None, :].expand(g, m, p), layout.group_anc], dim=-1)  # [G, M, P+M]

@@ -112,32 +112,43 @@ class DFlashDrafter(nn.Module):
         return [layer.self_attn.context_kv(ctx, cos, sin) for layer in self.layers]
 
     def forward_hidden(self, block_ids: torch.Tensor, block_positions: torch.Tensor, ctx_kv: KV,
-                       mask: Optional[torch.Tensor]) -> torch.Tensor:
+                       mask: Optional[torch.Tensor], rows: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Draft hidden states ``[N, H]`` (after the final ``norm``) for ``N`` flattened block tokens.
 
         Args: block_ids / block_positions long [N]; ctx_kv from :meth:`context_kv` (T rows); mask bool
-        [N, T + N] (True = attend) or None (every query sees every key)."""
+        [N, T + N] (True = attend) or None (every query sees every key); rows: optional long [M], the rows
+        wanted (returns ``[M, H]``; the last layer queries and runs its MLP on those rows only, which is exact:
+        no later layer reads the other rows)."""
         x = self._head().embed_tokens(block_ids.to(self._device())).to(self.fc.weight.dtype)
         cos, sin = rope_cos_sin(block_positions.to(x.device), self.spec.head_dim, self.spec.rope_theta)
-        for layer, (k, v) in zip(self.layers, ctx_kv):
-            x = layer(x, cos, sin, k, v, mask)
+        last = len(self.layers) - 1
+        for i, (layer, (k, v)) in enumerate(zip(self.layers, ctx_kv)):
+            x = layer(x, cos, sin, k, v, mask, rows if i == last else None)
         return self.norm(x)
 
     def forward_blocks(self, ctx_features: torch.Tensor, block_input_ids: torch.Tensor,
-                       block_positions: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
-        """Training forward of ``nB`` blocks of ONE sequence: hidden ``[nB, B, H]``.
+                       block_positions: torch.Tensor, anchors: torch.Tensor,
+                       slots: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Training forward of ``nB`` blocks of ONE sequence: hidden ``[nB, B, H]``, or ``[M, H]`` for ``slots``.
 
         ``ctx_features [T, K*H]`` are the target features of positions 0..T-1; block ``b`` sees context
-        positions ``< anchors[b]`` and its own block (:func:`build_dflash_training_mask`)."""
+        positions ``< anchors[b]`` and its own block (:func:`build_dflash_training_mask`). ``slots``: optional
+        bool ``[nB, B]``, the slots whose hidden states are wanted, returned block-major as ``[M, H]``
+        (``forward_blocks(...)[slots]``, computed with the last layer on those rows only: a SpecOPD root anchor
+        needs slot 1 of its block, so its other 7 rows skip the last layer)."""
         nb, b = block_input_ids.shape
         if b != self.block_size or block_positions.shape != block_input_ids.shape or anchors.shape != (nb,):
             raise DrafterInputError(f"blocks must be [nB, {self.block_size}] with anchors [nB]; got ids "
                                     f"{tuple(block_input_ids.shape)}, positions {tuple(block_positions.shape)}, "
                                     f"anchors {tuple(anchors.shape)}")
+        if slots is not None and (slots.shape != (nb, b) or slots.dtype != torch.bool):
+            raise DrafterInputError(f"slots must be bool [{nb}, {b}], got {slots.dtype} {tuple(slots.shape)}")
         t = ctx_features.shape[0]
         kv = self.context_kv(ctx_features, torch.arange(t))
         mask = build_dflash_training_mask(t, anchors.cpu(), b).to(self._device())
-        return self.forward_hidden(block_input_ids.reshape(-1), block_positions.reshape(-1), kv, mask).view(nb, b, -1)
+        rows = None if slots is None else slots.reshape(-1).nonzero().squeeze(1).to(self._device())
+        hidden = self.forward_hidden(block_input_ids.reshape(-1), block_positions.reshape(-1), kv, mask, rows)
+        return hidden.view(nb, b, -1) if slots is None else hidden
 
     def logits(self, ctx_features: torch.Tensor, token_ids: torch.Tensor,
                anchors: torch.Tensor | Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,11 +160,13 @@ class DFlashDrafter(nn.Module):
         return self._head().logits(hidden), labels
 
     def block_hidden(self, ctx_features: torch.Tensor, token_ids: torch.Tensor,
-                     anchors: torch.Tensor | Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+                     anchors: torch.Tensor | Sequence[int], slots: Optional[torch.Tensor] = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`logits` before the vocabulary head: ``(hidden [nB, B, H], labels [nB, B])``, for callers that
-        need the head on some slots only (the head dominates the drafter's cost)."""
+        need the head on some slots only (the head dominates the drafter's cost). With ``slots`` (bool
+        ``[nB, B]``) hidden is ``[M, H]``, the selected slots in block-major order (:meth:`forward_blocks`)."""
         blocks = make_blocks(token_ids.cpu(), anchors, self.block_size, self.spec.mask_token_id)
-        hidden = self.forward_blocks(ctx_features, blocks.input_ids, blocks.positions, blocks.anchors)
+        hidden = self.forward_blocks(ctx_features, blocks.input_ids, blocks.positions, blocks.anchors, slots)
         return hidden, blocks.labels.to(hidden.device)
 
     # ---- proposals ----------------------------------------------------------------------------------------

@@ -78,15 +78,21 @@ class DFlashAttention(nn.Module):
         return apply_rope(k, cos, sin), v
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx_k: torch.Tensor,
-                ctx_v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
-        """Attention output ``[N, H]`` for normed block hidden ``x [N, H]``.
+                ctx_v: torch.Tensor, mask: Optional[torch.Tensor], query_rows: Optional[torch.Tensor] = None
+                ) -> torch.Tensor:
+        """Attention output ``[N, H]`` for normed block hidden ``x [N, H]`` (``[M, H]`` with ``query_rows``).
 
-        ``ctx_k/ctx_v [T, kv_heads, head_dim]``; ``mask`` bool ``[N, T + N]`` (True = attend) or None (all).
+        ``ctx_k/ctx_v [T, kv_heads, head_dim]``; ``mask`` bool ``[N, T + N]`` (True = attend) or None (all);
+        ``query_rows`` long ``[M]``: only these rows query (keys and values stay all N block tokens').
         """
         n = x.shape[0]
-        q = apply_rope(self.q_norm(self.q_proj(x).view(n, self.heads, self.head_dim)), cos, sin)
         k = apply_rope(self.k_norm(self.k_proj(x).view(n, self.kv_heads, self.head_dim)), cos, sin)
         v = self.v_proj(x).view(n, self.kv_heads, self.head_dim)
+        if query_rows is not None:
+            x, cos, sin = x[query_rows], cos[query_rows], sin[query_rows]
+            mask = None if mask is None else mask[query_rows]
+            n = x.shape[0]
+        q = apply_rope(self.q_norm(self.q_proj(x).view(n, self.heads, self.head_dim)), cos, sin)
         keys = torch.cat([ctx_k.to(k.dtype), k], dim=0).transpose(0, 1)  # [kv_heads, T+N, hd]
         values = torch.cat([ctx_v.to(v.dtype), v], dim=0).transpose(0, 1)
         out = F.scaled_dot_product_attention(
@@ -122,6 +128,11 @@ class DFlashDecoderLayer(nn.Module):
         self.mlp = DFlashMLP(hidden, intermediate)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx_k: torch.Tensor,
-                ctx_v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)
+                ctx_v: torch.Tensor, mask: Optional[torch.Tensor], query_rows: Optional[torch.Tensor] = None
+                ) -> torch.Tensor:
+        """``[N, H]``, or ``[M, H]`` for ``query_rows``: rows are independent after attention, so the residual and
+        the MLP run on the queried rows only (the last layer of a forward that needs some slots only)."""
+        h = self.input_layernorm(x)
+        x = x if query_rows is None else x[query_rows]
+        x = x + self.self_attn(h, cos, sin, ctx_k, ctx_v, mask, query_rows)
         return x + self.mlp(self.post_attention_layernorm(x))

@@ -115,16 +115,20 @@ def draft_slot_logits(drafter, seq, anchors: torch.Tensor, roots: torch.Tensor,
     """Drafter logits for branch anchors (slots 1..G, ``[A, G, V]``) and root anchors (slot 1 only, ``[R, V]``).
 
     One drafter forward over all A + R blocks (the training mask: each block sees the reference features before
-    its anchor); the vocabulary head runs on the rows the loss uses only (the head dominates the drafter's cost),
+    its anchor), whose last layer runs on the slots the loss uses only (``slots`` of
+    :meth:`DFlashDrafter.forward_blocks`), as does the vocabulary head (the head dominates the drafter's cost),
     its matmul in ``head_dtype`` (:func:`target_head_logits`: bfloat16 uses a cached bf16 copy of the frozen head,
     so an autocast forward does not re-cast the ``[V, H]`` weight every call); logits come back fp32 with their
     graph. ``seq`` has ``features [L, K*H]`` and ``token_ids [L]``; anchors / roots: int64 ``[A]`` / ``[R]``.
     """
-    hidden, _ = drafter.block_hidden(seq.features.float(), seq.token_ids, torch.cat([anchors, roots]))
+    a_n, r_n, b = anchors.numel(), roots.numel(), drafter.block_size
+    slots = torch.zeros(a_n + r_n, b, dtype=torch.bool)
+    slots[:a_n, 1:] = True
+    slots[a_n:, 1] = True
+    hidden, _ = drafter.block_hidden(seq.features.float(), seq.token_ids, torch.cat([anchors, roots]), slots)
     head = drafter._head()
-    a_n = anchors.numel()
-    return (target_head_logits(head, hidden[:a_n, 1:], head_dtype),
-            target_head_logits(head, hidden[a_n:, 1], head_dtype))
+    return (target_head_logits(head, hidden[: a_n * (b - 1)].view(a_n, b - 1, -1), head_dtype),
+            target_head_logits(head, hidden[a_n * (b - 1):], head_dtype))
 
 
 def root_slot1_correction(*, loss_alpha: torch.Tensor, kb: int, g: int, p_anchor: torch.Tensor,
@@ -159,12 +163,16 @@ def root_slot1_correction(*, loss_alpha: torch.Tensor, kb: int, g: int, p_anchor
 _HEAD_CACHE: Dict[tuple, torch.Tensor] = {}
 
 
-def target_head_logits(head, hidden: torch.Tensor, dtype: str = "float32") -> torch.Tensor:
-    """Target logits fp32 ``[..., V]`` from final hidden states ``[..., H]``, the matmul in ``dtype``.
+def target_head_logits(head, hidden: torch.Tensor, dtype: str = "float32", fp32_out: bool = True) -> torch.Tensor:
+    """Target logits ``[..., V]`` from final hidden states ``[..., H]``, the matmul in ``dtype``.
 
     bfloat16 keeps a cached bf16 copy of the frozen head (AMX / tensor cores; the served target computes its
-    logits in bf16 too); float32 is :meth:`TargetHead.logits` exactly.
+    logits in bf16 too); float32 is :meth:`TargetHead.logits` exactly. The result is fp32 unless ``fp32_out`` is
+    False, when bf16 logits stay bf16 (for consumers that convert row chunks themselves, such as the streamed
+    E2E-KL tree loss: the same values without an ``[R, V]`` fp32 copy).
     """
+    from specopd_trainer.drafters.target_head import flat_matmul_t
+
     if dtype == "float32":
         return head.logits(hidden.float()).float()
     w = head.lm_head
@@ -172,7 +180,8 @@ def target_head_logits(head, hidden: torch.Tensor, dtype: str = "float32") -> to
     if key not in _HEAD_CACHE:
         _HEAD_CACHE.clear()
         _HEAD_CACHE[key] = w.to(torch.bfloat16)
-    return (hidden.to(torch.bfloat16) @ _HEAD_CACHE[key].T).float()
+    out = flat_matmul_t(hidden.to(torch.bfloat16), _HEAD_CACHE[key])
+    return out.float() if fp32_out else out
 
 
 def reference_blocks(token_ids: torch.Tensor, anchors: torch.Tensor, g: int) -> torch.Tensor:

@@ -182,7 +182,8 @@ def minibatch_loss(drafter, batch: ScoredBatch, m: int, cfg) -> Tuple[torch.Tens
     :func:`specopd_trainer.loops.specopd.specopd_step` (``draft_s`` / ``score_s`` include the batch's sampling and
     scoring at its first minibatch, 0 at the others)."""
     from specopd_kernels.losses import expected_acceptance_length, tree_loss_and_alpha
-    from specopd_trainer.loops.specopd import draft_slot_logits, root_slot1_correction, target_head_logits
+    from specopd_trainer.loops.specopd import (ROOT_LOSSES, draft_slot_logits, root_slot1_correction,
+                                               target_head_logits)
 
     g = drafter.block_size - 1
     kb = cfg.branches_per_anchor
@@ -202,7 +203,8 @@ def minibatch_loss(drafter, batch: ScoredBatch, m: int, cfg) -> Tuple[torch.Tens
             continue
         with torch.no_grad():  # tree rows (branch anchors, then nodes) and root rows, no [rows, V] copy
             tree = torch.cat([sh.hidden[:a_n], sh.hidden[a_n + r_n:]]) if r_n else sh.hidden
-            p_rows = target_head_logits(head, tree, cfg.head_dtype)  # [A + nodes, V] fp32
+            # [A + nodes, V]; the E2E-KL losses stream bf16 rows in fp32 chunks (no [rows, V] fp32 copy)
+            p_rows = target_head_logits(head, tree, cfg.head_dtype, fp32_out=cfg.loss not in ROOT_LOSSES)
             p_root = target_head_logits(head, sh.hidden[a_n: a_n + r_n], cfg.head_dtype)  # [R, V]
         pk = sh.packed
         greedy = {}
@@ -213,7 +215,8 @@ def minibatch_loss(drafter, batch: ScoredBatch, m: int, cfg) -> Tuple[torch.Tens
                                           pk.row_index, row_token=pk.row_token, sample_temperature=cfg.temperature,
                                           **greedy)
         if r_n:
-            loss = loss + root_slot1_correction(loss_alpha=alpha, kb=kb, g=g, p_anchor=p_rows[:a_n], q_anchor=q[:, 0],
+            loss = loss + root_slot1_correction(loss_alpha=alpha, kb=kb, g=g, p_anchor=p_rows[:a_n].float(),
+                                                q_anchor=q[:, 0],
                                                 p_root=p_root, q_root=q_root, weights=cfg.loss)
         alpha = alpha.view(a_n, kb, g)[:, : cfg.branches].reshape(-1, g)  # metrics: sampled branches
         _, tau = expected_acceptance_length(alpha)
