@@ -196,7 +196,7 @@ def main(argv=None) -> int:
     cfg = ServeConfig.load(config_path("cpu-smollm2"))
     spec = launch_spec(cfg, port=args.port, drafter=str(sft_dir), admin_api_key=ADMIN_KEY)
     acceptance, tps, wall, tokens = {}, {}, {}, {}
-    with SGLangServer(spec) as server, SpecOPDClient(server.url) as client:
+    with SGLangServer(spec) as server, SpecOPDClient(server.url, admin_api_key=ADMIN_KEY) as client:
         acceptance["sft_start"] = evaluate(server.url, tok, args.eval_max_new_tokens, limit=args.eval_limit)
         print("sft_start", json.dumps(acceptance["sft_start"]), file=sys.stderr)
 
@@ -218,12 +218,14 @@ def main(argv=None) -> int:
                               greedy_branch=args.greedy_branch, loss=args.loss,
                               reference_branch=args.reference_branch, root_anchors=args.root_anchors,
                               minibatches=args.minibatches, compute_dtype=args.compute_dtype)
+        client.prefix_cache(clear=True)  # every tree-scoring arm starts with the server's prefix cache empty
         t0 = time.monotonic()
         summary = train_specopd(b, client, train_seqs, run / "specopd", scfg)
         wall["specopd"], tokens["specopd"] = time.monotonic() - t0, summary["supervised_tokens"]
         rows = [json.loads(line) for line in (run / "specopd" / "metrics.jsonl").read_text().splitlines()]
         acc_b = {"tokens": summary["supervised_tokens"], "scored_rows": sum(r["scored_rows"] for r in rows),
-                 **{k: sum(r[k] for r in rows) for k in ("draft_s", "score_s", "loss_s")}}
+                 **{k: sum(r[k] for r in rows) for k in ("draft_s", "score_s", "loss_s")},
+                 "prefix_cache": client.prefix_cache()}
         push(server.url, b, "specopd")
         acceptance["specopd"] = evaluate(server.url, tok, args.eval_max_new_tokens, limit=args.eval_limit)
         print("specopd", json.dumps(acceptance["specopd"]), file=sys.stderr)
@@ -234,6 +236,7 @@ def main(argv=None) -> int:
             name = f"specopd_{loss_name}"
             shutil.rmtree(run / name, ignore_errors=True)
             e = copy.deepcopy(base)
+            client.prefix_cache(clear=True)
             t0 = time.monotonic()
             summary = train_specopd(e, client, train_seqs, run / name, specopd_config(
                 args.budget_tokens, G, anchors_per_seq=args.anchors, branches=args.branches,
@@ -288,6 +291,7 @@ def main(argv=None) -> int:
         # steps: as many as the budget takes (the step that would exceed it is trimmed, then the loop stops);
         # the LR schedule assumes the expected count at tau ~ 1.2 tokens per verify
         steps_c = max(1, round(args.budget_tokens / (args.rollout_prompts * args.rollout_tokens / 1.2 * G)))
+        client.prefix_cache(clear=True)
         t0 = time.monotonic()
         try:
             run_training(c, step_c, run / "sequential_opd", steps=10**4, lr=args.lr, warmup_steps=2,
@@ -296,6 +300,7 @@ def main(argv=None) -> int:
         except _BudgetReached:
             pass
         wall["sequential_opd"], tokens["sequential_opd"] = time.monotonic() - t0, acc_c["tokens"]
+        acc_c["prefix_cache"] = client.prefix_cache()
         push(server.url, c, "sequential_opd")
         acceptance["sequential_opd"] = evaluate(server.url, tok, args.eval_max_new_tokens, limit=args.eval_limit)
         print("sequential_opd", json.dumps(acceptance["sequential_opd"]), file=sys.stderr)
@@ -335,7 +340,8 @@ def main(argv=None) -> int:
                     "concurrency": args.rollout_prompts, "loss": args.loss},
         "serving": {"draft_sampling": draft_sampling_mode()},
         "eval": {"limit_per_domain": args.eval_limit, "max_new_tokens": args.eval_max_new_tokens},
-        "server": {"config": "cpu-smollm2", "cpu_threads": args.server_threads},
+        "server": {"config": "cpu-smollm2", "cpu_threads": args.server_threads,
+                   "prefix_cache_mb": cfg.score_trees_prefix_cache_mb},
         "floors": {"specopd_beats_continued_sft_T0": acceptance["specopd"]["T0"]["mean"] > acceptance["sft_continued"]["T0"]["mean"],
                    "specopd_beats_continued_sft_T1": acceptance["specopd"]["T1"]["mean"] > acceptance["sft_continued"]["T1"]["mean"],
                    "throughput_ratio_ge_10": ratio >= 10,

@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+ADMIN_KEY = "specopd-throughput-admin"
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -37,6 +38,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="benchmarks/results/specopd_throughput_smollm2_cpu.json")
     ap.add_argument("--server-threads", type=int, default=2)
     ap.add_argument("--port", type=int, default=31470)
+    ap.add_argument("--prefix-cache-mb", type=int, default=None,
+                    help="the server's score_trees prefix cache (default: the cpu-smollm2 config's; 0 = off); "
+                         "it is emptied before every setting, so each starts cold")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # the comparison and sweep modules beside this file
     import specopd_smollm2 as comparison
@@ -69,10 +73,14 @@ def main(argv=None) -> int:
     train_seqs = comparison.prepare_references(Path(args.refs_dir), tok, list(base.spec.target_layer_ids),
                                                offset=args.refs_offset, per_domain=args.refs_per_domain,
                                                max_new_tokens=160, port=args.port + 1)
-    spec = launch_spec(ServeConfig.load(config_path("cpu-smollm2")), port=args.port, drafter=str(sft_dir))
+    serve_cfg = ServeConfig.load(config_path("cpu-smollm2"))
+    if args.prefix_cache_mb is not None:
+        serve_cfg = serve_cfg.model_copy(update={"score_trees_prefix_cache_mb": args.prefix_cache_mb})
+    spec = launch_spec(serve_cfg, port=args.port, drafter=str(sft_dir), admin_api_key=ADMIN_KEY)
     results = []
-    with SGLangServer(spec) as server, SpecOPDClient(server.url) as client:
+    with SGLangServer(spec) as server, SpecOPDClient(server.url, admin_api_key=ADMIN_KEY) as client:
         for i, (text, kw) in enumerate(settings):
+            client.prefix_cache(clear=True)
             kw = {"anchors_per_seq": 16, "branches": 8, "seqs_per_step": 1, "lr": 1e-3, "loss": "e2e_fkl_is", **kw}
             cfg = comparison.specopd_config(10**9, g, **kw)
             cfg = cfg.model_copy(update={"steps": -(-args.steps // cfg.minibatches) * cfg.minibatches})
@@ -93,13 +101,15 @@ def main(argv=None) -> int:
                      "scored_rows_per_supervised_token": sum(r["scored_rows"] for r in rows)
                                                          / summary["supervised_tokens"],
                      "phases_s": {**phases, "backward_optimizer_other_s": loop_s - sum(phases.values())},
+                     "prefix_cache": client.prefix_cache(),
                      "wall_s": wall}
             results.append(entry)
             print(text, json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in entry.items()
                                     if k in ("supervised_tokens_per_s", "scored_rows_per_supervised_token")}),
                   file=sys.stderr)
     payload = {"target": "SmolLM2-135M-Instruct", "start": str(sft_dir), "steps_per_setting": args.steps,
-               "server": {"config": "cpu-smollm2", "cpu_threads": args.server_threads}, "settings": results}
+               "server": {"config": "cpu-smollm2", "cpu_threads": args.server_threads,
+                          "prefix_cache_mb": serve_cfg.score_trees_prefix_cache_mb}, "settings": results}
     write_result(args.out, payload)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0

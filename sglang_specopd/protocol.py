@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 SCORE_TREES_PATH = "/specopd/score_trees"
 SWAP_DRAFTER_PATH = "/specopd/drafter/swap"
 DRAFTER_INFO_PATH = "/specopd/drafter"
+PREFIX_CACHE_PATH = "/specopd/prefix_cache"  # GET: stats; POST .../clear (admin): drop every entry
 BINARY_CONTENT_TYPE = "application/octet-stream"
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 2**20
 

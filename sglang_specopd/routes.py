@@ -2,6 +2,8 @@
 
 ``POST /specopd/drafter/swap`` (admin: SGLang's ADMIN_FORCE level, so ``--admin-api-key`` is required and
 checked by SGLang's own auth middleware) and ``GET /specopd/drafter`` (version and spec of the serving drafter).
+``GET /specopd/prefix_cache`` (the score_trees prefix cache's stats) and ``POST /specopd/prefix_cache/clear``
+(admin, as the swap).
 
 ``POST /specopd/score_trees`` (normal auth: SGLang's ``--api-key`` when set): a JSON :class:`ScoreTreesRequest`;
 the reply is ``application/octet-stream`` safetensors bytes (tensors per reference ``ref{i}.*``, JSON header in
@@ -19,6 +21,7 @@ from sglang_specopd.protocol import (
     BINARY_CONTENT_TYPE,
     DEFAULT_MAX_PAYLOAD_BYTES,
     DRAFTER_INFO_PATH,
+    PREFIX_CACHE_PATH,
     SCORE_TREES_PATH,
     SWAP_DRAFTER_PATH,
 )
@@ -97,6 +100,29 @@ async def drafter_info(request: Request):
     return JSONResponse(json.loads(reply.payload))
 
 
+async def prefix_cache_stats(request: Request):
+    """The score_trees prefix cache: entries, bytes, budget, hits, misses, evictions."""
+    return await _prefix_cache(b"")
+
+
+async def prefix_cache_clear(request: Request):
+    """Admin: empty the score_trees prefix cache (frees its memory; a benchmark's cold start); returns the stats."""
+    return await _prefix_cache(b"clear")
+
+
+async def _prefix_cache(action: bytes):
+    import json
+
+    from fastapi.responses import JSONResponse
+
+    from sglang_specopd import control
+
+    reply = await control.call("prefix_cache", action)
+    if reply.status != 200:
+        return _error(reply.status, reply.message)
+    return JSONResponse(json.loads(reply.payload))
+
+
 def add_routes(*args, **kwargs):
     """BEFORE hook for ``http_server.launch_server``: add the plugin's routes to SGLang's app."""
     from sglang.srt.entrypoints.http_server import app
@@ -108,6 +134,9 @@ def add_routes(*args, **kwargs):
         # ADMIN_FORCE: SGLang's auth middleware requires --admin-api-key (403 when none is configured).
         app.add_api_route(SWAP_DRAFTER_PATH, auth_level(AuthLevel.ADMIN_FORCE)(swap_drafter), methods=["POST"])
         app.add_api_route(DRAFTER_INFO_PATH, drafter_info, methods=["GET"])
+        app.add_api_route(PREFIX_CACHE_PATH, prefix_cache_stats, methods=["GET"])
+        app.add_api_route(PREFIX_CACHE_PATH + "/clear", auth_level(AuthLevel.ADMIN_FORCE)(prefix_cache_clear),
+                          methods=["POST"])
     return None
 
 

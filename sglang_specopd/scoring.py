@@ -222,6 +222,19 @@ def _score_reference(model, ref, req, device, cache):
     return hidden.index_select(0, rows), feats, node_anchor, ids.shape[0] - P, "miss" if use_cache else "off"
 
 
+@op("prefix_cache")
+def prefix_cache_op(scheduler, payload: bytes):
+    """Scheduler op: the prefix cache's stats as JSON; payload ``b"clear"`` empties it first."""
+    import json
+
+    cache = scheduler_cache()
+    if payload == b"clear":
+        cache.clear()
+    elif payload:
+        raise ValueError(f"unknown prefix_cache action {payload[:32]!r}")
+    return 200, "ok", json.dumps(cache.stats()).encode()
+
+
 def register_scoring() -> None:
     """Register the RadixAttention override (inert unless a tree forward is running) and the prefix cache's
     invalidation on target weight updates."""

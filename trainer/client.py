@@ -93,7 +93,10 @@ class SpecOPDClient:
                     if r.status_code >= 400:
                         try:
                             body = r.json()
-                            reason = (body.get("error") or {}).get("message") or body.get("message") or r.text
+                            err = body.get("error") if isinstance(body, dict) else None
+                            # ours: {"error": {"message": ...}}; SGLang's auth middleware: {"error": "Unauthorized"}
+                            reason = ((err.get("message") if isinstance(err, dict) else err)
+                                      or (body.get("message") if isinstance(body, dict) else None) or r.text)
                         except ValueError:
                             reason = r.text
                         raise ServerRequestError(r.status_code, str(reason))
@@ -127,6 +130,16 @@ class SpecOPDClient:
                 **{k: tensors.get(p + k) for k in ("topk_ids", "topk_logprobs", "lse", "hidden", "logprobs",
                                                     "features")}))
         return out
+
+    def prefix_cache(self, clear: bool = False) -> Dict[str, int]:
+        """The server's score_trees prefix cache stats (entries, bytes, budget_bytes, hits, misses, evictions);
+        ``clear=True`` empties it first (admin: needs ``admin_api_key``)."""
+        from sglang_specopd.protocol import PREFIX_CACHE_PATH
+
+        if not clear:
+            return self._request("GET", PREFIX_CACHE_PATH).json()
+        headers = {"Authorization": f"Bearer {self._admin_key}"} if self._admin_key else {}
+        return self._request("POST", PREFIX_CACHE_PATH + "/clear", headers=headers).json()
 
     def context_features(self, input_ids: List[int], layer_ids: List[int], dtype: str = "float32"):
         """Target context features [P, K*H] for one sequence (SGLang's DFlash capture convention)."""
