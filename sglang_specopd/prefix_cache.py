@@ -101,6 +101,7 @@ class PrefixCache:
         self.bytes = 0
 
     def stats(self) -> Dict[str, int]:
+        """Entries and bytes now; hits, misses and evictions since the server started (a clear keeps them)."""
         return {"entries": len(self._entries), "bytes": self.bytes, "budget_bytes": self.budget_bytes,
                 "hits": self.hits, "misses": self.misses, "evictions": self.evictions}
 
