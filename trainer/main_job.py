@@ -30,8 +30,8 @@ class MainJobConfig(BaseModel):
                                     "(train-split prompts after the SFT's ``per_domain``)")
     max_new_tokens: int = Field(default=128, ge=8)
     sft_minutes: float = Field(default=6.0, gt=0)
-    specopd_steps: int = Field(default=24, ge=1)
-    push_every: int = Field(default=6, ge=1)
+    specopd_steps: int = Field(default=120, ge=1)
+    push_every: int = Field(default=24, ge=1)
     eval_limit: int = Field(default=3, ge=1)
     eval_max_new_tokens: int = Field(default=64, ge=8)
     port: int = 0
