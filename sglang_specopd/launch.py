@@ -169,7 +169,8 @@ class SGLangServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(self.spec.argv(), env=server_env(self.spec.device, prefix_cache_mb=self.spec.prefix_cache_mb), stdout=log,
+        env = server_env(self.spec.device, prefix_cache_mb=self.spec.prefix_cache_mb)
+        self.proc = subprocess.Popen(self.spec.argv(), env=env, stdout=log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
         _install_cleanup()

@@ -7,7 +7,7 @@ SmolLM2 references on 2 CPU cores). The first call for a reference records, per 
 states; later calls run only the tree nodes through the layers, attending to the recorded prefix K/V
 (:func:`specopd_kernels.tree.tree_attention_grouped` with ``prefix_kv``), and read anchor rows from the recorded
 hidden states. A call whose trees are all root-only needs no forward at all. Values equal a full forward up to
-the rounding of the target's matmuls at a different row count (bitwise in float32 on CPU in the tests; bf16
+the rounding of the target's matmuls at a different row count (within 1e-4 in float32 in the tests; bf16
 matmuls round by batch shape).
 
 The cache is off unless a size is given (``score_trees_prefix_cache_mb`` in a server config, passed to the
@@ -38,8 +38,8 @@ def prefix_key(input_ids: Sequence[int]) -> bytes:
 
 @dataclass
 class PrefixEntry:
-    """One reference prefix: ``length`` P rows; ``kv[layer_id] = (k [P, Hkv*D], v [P, Hkv*D])`` as the layer's
-    attention received them (k after RoPE); ``hidden`` ``[P, H]``, the final normed hidden states."""
+    """One reference prefix: ``length`` P rows; ``kv[layer_id] = (k [P, Hkv, D], v [P, Hkv, D])`` as the layer's
+    attention received them (k after RoPE, in the attention's dtype); ``hidden`` ``[P, H]``, the final normed hidden states."""
 
     length: int
     kv: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)

@@ -69,18 +69,23 @@ async def score_trees(request: Request):
 
 async def swap_drafter(request: Request):
     """Admin: swap the serving drafter's weights (see :mod:`sglang_specopd.hot_swap`); 200 JSON or 4xx reason."""
+    body = await request.body()
+    if len(body) > max_payload_bytes():
+        return _error(413, f"payload of {len(body)} bytes exceeds the limit of {max_payload_bytes()} bytes")
+    if not body:
+        return _error(400, "empty body: send drafter safetensors bytes or JSON {\"path\": DIR}")
+    return await _json_op("swap_drafter", body)
+
+
+async def _json_op(op_name: str, payload: bytes = b""):
+    """Run a scheduler op whose reply payload is JSON: 200 with that JSON, or the op's status and reason."""
     import json
 
     from fastapi.responses import JSONResponse
 
     from sglang_specopd import control
 
-    body = await request.body()
-    if len(body) > max_payload_bytes():
-        return _error(413, f"payload of {len(body)} bytes exceeds the limit of {max_payload_bytes()} bytes")
-    if not body:
-        return _error(400, "empty body: send drafter safetensors bytes or JSON {\"path\": DIR}")
-    reply = await control.call("swap_drafter", body)
+    reply = await control.call(op_name, payload)
     if reply.status != 200:
         return _error(reply.status, reply.message)
     return JSONResponse(json.loads(reply.payload))
@@ -88,39 +93,17 @@ async def swap_drafter(request: Request):
 
 async def drafter_info(request: Request):
     """The serving drafter's version, swap count, checkpoint path and spec."""
-    import json
-
-    from fastapi.responses import JSONResponse
-
-    from sglang_specopd import control
-
-    reply = await control.call("drafter_info")
-    if reply.status != 200:
-        return _error(reply.status, reply.message)
-    return JSONResponse(json.loads(reply.payload))
+    return await _json_op("drafter_info")
 
 
 async def prefix_cache_stats(request: Request):
     """The score_trees prefix cache: entries, bytes, budget, hits, misses, evictions."""
-    return await _prefix_cache(b"")
+    return await _json_op("prefix_cache")
 
 
 async def prefix_cache_clear(request: Request):
     """Admin: empty the score_trees prefix cache (frees its memory; a benchmark's cold start); returns the stats."""
-    return await _prefix_cache(b"clear")
-
-
-async def _prefix_cache(action: bytes):
-    import json
-
-    from fastapi.responses import JSONResponse
-
-    from sglang_specopd import control
-
-    reply = await control.call("prefix_cache", action)
-    if reply.status != 200:
-        return _error(reply.status, reply.message)
-    return JSONResponse(json.loads(reply.payload))
+    return await _json_op("prefix_cache", b"clear")
 
 
 def add_routes(*args, **kwargs):
