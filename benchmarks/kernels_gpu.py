@@ -33,14 +33,7 @@ def _import_kernels() -> None:
     try:
         import specopd_kernels  # noqa: F401
     except ImportError:
-        import importlib.util
-
-        root = Path(__file__).resolve().parents[1] / "kernels"
-        spec = importlib.util.spec_from_file_location("specopd_kernels", root / "__init__.py",
-                                                      submodule_search_locations=[str(root)])
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["specopd_kernels"] = mod
-        spec.loader.exec_module(mod)
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 
 
 def _timed(fn, device: str, repeats: int) -> float:
@@ -198,7 +191,7 @@ def draft_sampler_cases(device: str, small: bool) -> dict:
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from sglang_specopd.sampled_drafts import sample_block
+    from sglang_specopd.server.sampled_drafts import sample_block
 
     draws, vocab = (2000, 8) if small else (200000, 16)
     gen = torch.Generator(device=device).manual_seed(0)
@@ -276,7 +269,7 @@ def main(argv=None) -> int:
                "draft_sampler": draft_sampler_cases(args.device, args.small)}
     print({"draft_sampler": payload["draft_sampler"]}, file=sys.stderr)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # results.py needs only the standard library
-    from sglang_specopd.results import write_result
+    from sglang_specopd.app.results import write_result
 
     if args.git_commit:  # a device machine's copy of the tree carries no .git
         payload["git_commit"] = args.git_commit

@@ -56,9 +56,9 @@ def run_prompts(url: str, prompt_ids, max_new_tokens: int):
 
 
 def measure(dtype: str, prompt_ids, max_new_tokens: int, port: int):
-    from sglang_specopd.config import ServeConfig
-    from sglang_specopd.launch import SGLangServer
-    from sglang_specopd.serve import config_path, launch_spec
+    from sglang_specopd.app.config import ServeConfig
+    from sglang_specopd.app.launch import SGLangServer
+    from sglang_specopd.app.serve import config_path, launch_spec
 
     res = {}
     for kind, name in (("plain", "cpu-smollm2-plain"), ("specopd", "cpu-smollm2")):
@@ -83,8 +83,8 @@ def main(argv=None) -> int:
 
     from transformers import AutoTokenizer
 
-    from sglang_specopd.models import resolve_target
-    from sglang_specopd.results import write_result
+    from sglang_specopd.app.models import resolve_target
+    from sglang_specopd.app.results import write_result
 
     tok = AutoTokenizer.from_pretrained(resolve_target("smollm2"))
     prompt_ids = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,

@@ -56,8 +56,8 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from sglang_specopd.models import prepare_model
-    from sglang_specopd.results import write_result
+    from sglang_specopd.app.models import prepare_model
+    from sglang_specopd.app.results import write_result
     from specopd_trainer.drafters.dflash import DFlashDrafter
     from specopd_trainer.features import FeatureStore
     from specopd_trainer.pipeline import split_holdout

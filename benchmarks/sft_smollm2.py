@@ -38,12 +38,12 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoTokenizer
 
-    from sglang_specopd.config import ServeConfig
-    from sglang_specopd.drafter_init import init_drafter
-    from sglang_specopd.launch import SGLangServer
-    from sglang_specopd.models import prepare_model
-    from sglang_specopd.results import write_result
-    from sglang_specopd.serve import config_path, launch_spec
+    from sglang_specopd.app.config import ServeConfig
+    from sglang_specopd.wire.drafter_init import init_drafter
+    from sglang_specopd.app.launch import SGLangServer
+    from sglang_specopd.app.models import prepare_model
+    from sglang_specopd.app.results import write_result
+    from sglang_specopd.app.serve import config_path, launch_spec
     from specopd_trainer.client import SpecOPDClient
     from specopd_trainer.drafters.dflash import DFlashDrafter
     from specopd_trainer.evaluate import evaluate_acceptance

@@ -100,9 +100,9 @@ def prepare_references(refs_dir: Path, tok, layer_ids, *, offset: int, per_domai
     the target 0.96 there vs 0.18 on held-out responses, ``benchmarks/sft_memorization.py``), so on-policy
     supervision at anchors of those responses carries almost no signal. Every arm trains on these new prompts.
     """
-    from sglang_specopd.config import ServeConfig
-    from sglang_specopd.launch import SGLangServer
-    from sglang_specopd.serve import config_path, launch_spec
+    from sglang_specopd.app.config import ServeConfig
+    from sglang_specopd.app.launch import SGLangServer
+    from sglang_specopd.app.serve import config_path, launch_spec
     from specopd_trainer.client import SpecOPDClient
     from specopd_trainer.pipeline import prepare_sequences, train_split_records
 
@@ -164,12 +164,12 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoTokenizer
 
-    from sglang_specopd.config import ServeConfig
-    from sglang_specopd.launch import SGLangServer
-    from sglang_specopd.models import prepare_model
-    from sglang_specopd.results import write_result
-    from sglang_specopd.sampled_drafts import draft_sampling_mode
-    from sglang_specopd.serve import config_path, launch_spec
+    from sglang_specopd.app.config import ServeConfig
+    from sglang_specopd.app.launch import SGLangServer
+    from sglang_specopd.app.models import prepare_model
+    from sglang_specopd.app.results import write_result
+    from sglang_specopd.server.sampled_drafts import draft_sampling_mode
+    from sglang_specopd.app.serve import config_path, launch_spec
     from specopd_trainer.client import SpecOPDClient
     from specopd_trainer.collect import iter_responses
     from specopd_trainer.drafters.dflash import DFlashDrafter

@@ -92,12 +92,12 @@ def main(argv=None) -> int:
     from transformers import AutoTokenizer
 
     import specopd_smollm2 as comparison  # the comparison's arms and evaluation (this script's directory)
-    from sglang_specopd.config import ServeConfig
-    from sglang_specopd.launch import SGLangServer
-    from sglang_specopd.models import prepare_model
-    from sglang_specopd.results import write_result
-    from sglang_specopd.sampled_drafts import draft_sampling_mode
-    from sglang_specopd.serve import config_path, launch_spec
+    from sglang_specopd.app.config import ServeConfig
+    from sglang_specopd.app.launch import SGLangServer
+    from sglang_specopd.app.models import prepare_model
+    from sglang_specopd.app.results import write_result
+    from sglang_specopd.server.sampled_drafts import draft_sampling_mode
+    from sglang_specopd.app.serve import config_path, launch_spec
     from specopd_trainer.client import SpecOPDClient
     from specopd_trainer.drafters.dflash import DFlashDrafter
     from specopd_trainer.loops.sft import train_sft

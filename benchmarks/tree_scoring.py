@@ -49,7 +49,7 @@ def tree_call(client, url, ref, anchors, branches, block_size):
     r = client.post(url + "/specopd/score_trees", json=req, timeout=1200)
     dt = time.perf_counter() - t0
     r.raise_for_status()
-    from sglang_specopd.protocol import decode_tensors
+    from sglang_specopd.wire.protocol import decode_tensors
 
     tensors, _ = decode_tensors(r.content)
     return dt, tensors
@@ -127,11 +127,11 @@ def main(argv=None) -> int:
 
     from transformers import AutoTokenizer
 
-    from sglang_specopd.config import ServeConfig
-    from sglang_specopd.launch import SGLangServer
-    from sglang_specopd.models import resolve_target
-    from sglang_specopd.results import write_result
-    from sglang_specopd.serve import config_path, launch_spec
+    from sglang_specopd.app.config import ServeConfig
+    from sglang_specopd.app.launch import SGLangServer
+    from sglang_specopd.app.models import resolve_target
+    from sglang_specopd.app.results import write_result
+    from sglang_specopd.app.serve import config_path, launch_spec
 
     tok = AutoTokenizer.from_pretrained(resolve_target("smollm2"))
     cfg = ServeConfig.load(config_path("cpu-smollm2-plain")).model_copy(update={"dtype": args.dtype})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang_specopd.drafter_format import DrafterSpec
+from sglang_specopd.wire.drafter_format import DrafterSpec
 
 
 def tiny_spec() -> DrafterSpec:

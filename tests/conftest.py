@@ -139,7 +139,7 @@ class RunningServer:
 
     url: str
     port: int
-    spec: object  # sglang_specopd.launch.LaunchSpec
+    spec: object  # sglang_specopd.app.launch.LaunchSpec
     log_path: Path
     tag: str
     time_to_healthy_s: float
@@ -194,7 +194,7 @@ def _sigterm_as_keyboard_interrupt() -> Iterator[None]:
 @contextlib.contextmanager
 def running_server(spec, log_dir: Path, name: str) -> Iterator[RunningServer]:
     """Start ``spec`` (tagged), yield a :class:`RunningServer` inside ``with SGLangServer``, tear down, check orphans."""
-    from sglang_specopd.launch import SGLangServer
+    from sglang_specopd.app.launch import SGLangServer
 
     tag = new_process_tag()
     log_path = log_dir / f"{name}.log"
@@ -228,7 +228,7 @@ TINY_BLOCK_SIZE = 4
 @pytest.fixture(scope="session")
 def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random fp32 Llama target (hidden 64, 4 layers, tied embeddings, offline BPE tokenizer)."""
-    from sglang_specopd.tiny_target import make_tiny_target
+    from _tiny_target import make_tiny_target
 
     path = make_tiny_target(tmp_path_factory.mktemp("tiny-target") / "llama", seed=0)
     assert json.loads((path / "config.json").read_text())["dtype"] == "float32"
@@ -238,7 +238,7 @@ def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_drafter(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random 2-layer, block-4 DFlash drafter for :func:`tiny_target` (fp32)."""
-    from sglang_specopd.drafter_init import init_drafter
+    from sglang_specopd.wire.drafter_init import init_drafter
 
     out = tmp_path_factory.mktemp("tiny-drafter") / "drafter"
     init_drafter(tiny_target, out, block_size=TINY_BLOCK_SIZE, num_layers=2, seed=0)
@@ -283,7 +283,7 @@ def make_accepting_target(target: Path, mask_token_id: int, out: Path, *, streng
 @pytest.fixture(scope="session")
 def tiny_serving_target(tiny_target: Path, tiny_drafter: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny target the tiny servers run: :func:`make_accepting_target` of :func:`tiny_target` (fp32)."""
-    from sglang_specopd.drafter_check import check_drafter
+    from sglang_specopd.app.drafter_check import check_drafter
 
     mask_id = json.loads((tiny_drafter / "config.json").read_text())["dflash_config"]["mask_token_id"]
     out = make_accepting_target(tiny_target, int(mask_id), tmp_path_factory.mktemp("tiny-serving") / "llama")
@@ -294,7 +294,7 @@ def tiny_serving_target(tiny_target: Path, tiny_drafter: Path, tmp_path_factory:
 @pytest.fixture(scope="session")
 def smollm2_target() -> Path:
     """The prepared SmolLM2-135M-Instruct target; skipped when not prepared, unless SPECOPD_REQUIRE_SMOLLM2=1."""
-    from sglang_specopd.models import TargetNotFoundError, resolve_target
+    from sglang_specopd.app.models import TargetNotFoundError, resolve_target
 
     try:
         return resolve_target("smollm2")
@@ -318,7 +318,7 @@ TINY_NEW_TOKENS = 32
 
 
 def tiny_launch_spec(target: Path, port: int, drafter: Optional[Path] = None):
-    from sglang_specopd.launch import LaunchSpec
+    from sglang_specopd.app.launch import LaunchSpec
 
     return LaunchSpec(
         model_path=str(target), port=port, device="cpu", dtype="float32", attention_backend="torch_native",
@@ -331,7 +331,7 @@ def tiny_launch_spec(target: Path, port: int, drafter: Optional[Path] = None):
 @pytest.fixture(scope="module")
 def tiny_plain_outputs(tiny_serving_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Dict[str, List[int]]:
     """Greedy output ids of a PLAIN fp32 server for :data:`TINY_PROMPTS` (the server is stopped on return)."""
-    from sglang_specopd.launch import free_port
+    from sglang_specopd.app.launch import free_port
 
     spec = tiny_launch_spec(tiny_serving_target, free_port())
     with running_server(spec, tmp_path_factory.mktemp("logs"), "tiny-plain") as srv:
@@ -342,7 +342,7 @@ def tiny_plain_outputs(tiny_serving_target: Path, tmp_path_factory: pytest.TempP
 def tiny_specopd_server(tiny_plain_outputs, tiny_serving_target: Path, tiny_drafter: Path,
                         tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """A SPECOPD fp32 server (tiny target + block-4 drafter), started after the plain reference server stopped."""
-    from sglang_specopd.launch import free_port
+    from sglang_specopd.app.launch import free_port
 
     spec = tiny_launch_spec(tiny_serving_target, free_port(), tiny_drafter)
     with running_server(spec, tmp_path_factory.mktemp("logs"), "tiny-specopd") as srv:
@@ -366,8 +366,8 @@ SMOLLM2_TEST_MAX_TOTAL_TOKENS = 8192
 
 
 def smollm2_config(**update):
-    from sglang_specopd.config import ServeConfig
-    from sglang_specopd.serve import config_path
+    from sglang_specopd.app.config import ServeConfig
+    from sglang_specopd.app.serve import config_path
 
     cfg = ServeConfig.load(config_path(SMOLLM2_CONFIG))
     assert cfg.dtype == "float32" and cfg.device == "cpu"
@@ -377,8 +377,8 @@ def smollm2_config(**update):
 @pytest.fixture(scope="module")
 def smollm2_plain_outputs(smollm2_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Dict[str, List[int]]:
     """Greedy output ids of a PLAIN fp32 SmolLM2 server for :data:`SMOLLM2_PROMPTS` (stopped on return)."""
-    from sglang_specopd.launch import free_port
-    from sglang_specopd.serve import launch_spec
+    from sglang_specopd.app.launch import free_port
+    from sglang_specopd.app.serve import launch_spec
 
     spec = launch_spec(smollm2_config(drafter=None, speculative_algorithm=None), port=free_port())
     assert spec.drafter_path is None and spec.dtype == "float32"
@@ -390,8 +390,8 @@ def smollm2_plain_outputs(smollm2_target: Path, tmp_path_factory: pytest.TempPat
 def smollm2_specopd_server(smollm2_plain_outputs, smollm2_target: Path,
                            tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """SPECOPD fp32 SmolLM2 server with the config's default drafter, requiring :data:`SMOLLM2_API_KEY`."""
-    from sglang_specopd.launch import free_port
-    from sglang_specopd.serve import launch_spec
+    from sglang_specopd.app.launch import free_port
+    from sglang_specopd.app.serve import launch_spec
 
     spec = launch_spec(smollm2_config(), port=free_port(), api_key=SMOLLM2_API_KEY)
     assert spec.speculative_algorithm == "SPECOPD" and spec.drafter_path and spec.dtype == "float32"

@@ -1,4 +1,4 @@
-"""Serving benchmark and report (sglang_specopd/bench, ``specopd bench``).
+"""Serving benchmark and report (sglang_specopd/app/bench, ``specopd bench``).
 
 Most tests run against fake OpenAI-streaming servers (a threaded HTTP/1.1 server in this file that streams
 scripted SSE chunks, or drops the connection, or hangs), so the numbers are known exactly. One test launches a
@@ -19,9 +19,9 @@ from typing import Callable, Dict, Iterator, List, Optional
 
 import pytest
 
-from sglang_specopd.bench import BenchError
-from sglang_specopd.bench.client import BenchPrompt, RequestParams, RequestRecord, run_level
-from sglang_specopd.bench.metrics import (acceptance, itl_values, padded_histogram, percentile, speedup,
+from sglang_specopd.app.bench import BenchError
+from sglang_specopd.app.bench.client import BenchPrompt, RequestParams, RequestRecord, run_level
+from sglang_specopd.app.bench.metrics import (acceptance, itl_values, padded_histogram, percentile, speedup,
                                           summarize_level, tpot)
 
 # A speculative request as a fake server streams it: prefill token, then verify steps of 3, 2 and 4 tokens.
@@ -231,7 +231,7 @@ def test_dropped_connections_and_hangs_are_counted_errors_and_return_promptly() 
 
 
 def test_run_benchmark_on_flaky_fake_servers() -> None:
-    from sglang_specopd.bench.runner import BASE, SPEC, BenchServer, run_benchmark
+    from sglang_specopd.app.bench.runner import BASE, SPEC, BenchServer, run_benchmark
 
     spec_fake = FakeServer(lambda n: "drop" if n % 3 == 2 else "ok")  # request 0 is the warm-up
     base_fake = FakeServer(lambda n: "ok", spec=None)
@@ -282,7 +282,7 @@ def _level(c: int, spec_tps: float, base_tps: float, tau: float, step: float, tp
 def test_report_from_synthetic_results(tmp_path: Path) -> None:
     from PIL import Image
 
-    from sglang_specopd.bench.report import README_END, README_START, build_report
+    from sglang_specopd.app.bench.report import README_END, README_START, build_report
 
     results = tmp_path / "results"
     results.mkdir()
@@ -327,7 +327,7 @@ def test_report_from_synthetic_results(tmp_path: Path) -> None:
 
 
 def test_report_machine_line_without_machine_info(tmp_path: Path) -> None:
-    from sglang_specopd.bench.report import _provenance
+    from sglang_specopd.app.bench.report import _provenance
 
     assert _provenance({"command": "c"}).endswith("; machine unknown")
     assert _provenance({"machine": {}}).endswith("; machine unknown")
@@ -343,7 +343,7 @@ def test_report_sweeps_and_gpu_kernels(tmp_path: Path) -> None:
     kernel check gets a parity / speed-up table."""
     import json
 
-    from sglang_specopd.bench.report import _other_sections, load_results
+    from sglang_specopd.app.bench.report import _other_sections, load_results
 
     arm = {"arm": "sft:lr=1e-3", "acceptance": {"T0": {"mean": 1.39}, "T1": {"mean": 1.16}}, "train_wall_s": 321}
     (tmp_path / "specopd_sweep_smollm2_cpu.json").write_text(json.dumps({"arms": [arm]}))
@@ -383,7 +383,7 @@ def test_report_sweeps_and_gpu_kernels(tmp_path: Path) -> None:
 def test_bench_report_bad_readme_writes_nothing(tmp_path: Path, readme_text: Optional[str]) -> None:
     from typer.testing import CliRunner
 
-    from sglang_specopd.cli import _register_subcommands, app
+    from sglang_specopd.app.cli import _register_subcommands, app
 
     _register_subcommands()
     results = tmp_path / "results"
@@ -420,7 +420,7 @@ def test_bench_report_bad_readme_writes_nothing(tmp_path: Path, readme_text: Opt
 def test_bench_serve_bad_input_exits_2_with_one_error_line(args, needle) -> None:
     from typer.testing import CliRunner
 
-    from sglang_specopd.cli import _register_subcommands, app
+    from sglang_specopd.app.cli import _register_subcommands, app
 
     _register_subcommands()
     res = CliRunner().invoke(app, ["bench", "serve", *args])
@@ -432,8 +432,8 @@ def test_tokenizer_prepared_name_resolves_locally_or_says_prepare(tmp_path: Path
     """--tokenizer smollm2 -> the prepared directory, never the Hub; not prepared -> exit 2 before any request."""
     from typer.testing import CliRunner
 
-    from sglang_specopd.cli import _register_subcommands, app
-    from sglang_specopd.models import KNOWN_MODELS, MARKER_NAME, resolve_tokenizer
+    from sglang_specopd.app.cli import _register_subcommands, app
+    from sglang_specopd.app.models import KNOWN_MODELS, MARKER_NAME, resolve_tokenizer
 
     _register_subcommands()
     monkeypatch.setenv("SPECOPD_HOME", str(tmp_path))
@@ -456,7 +456,7 @@ def test_tokenizer_prepared_name_resolves_locally_or_says_prepare(tmp_path: Path
 def test_bench_serve_unreachable_server_exits_1_and_report_bad_dir(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from sglang_specopd.cli import _register_subcommands, app
+    from sglang_specopd.app.cli import _register_subcommands, app
 
     _register_subcommands()
     with socket.socket() as sock:
@@ -474,7 +474,7 @@ def test_bench_serve_cli_end_to_end_on_fake_servers(tiny_target: Path, tmp_path:
     """The CLI glue: held-out prompts (eval split), both servers, the result file with the shared header."""
     from typer.testing import CliRunner
 
-    from sglang_specopd.cli import _register_subcommands, app
+    from sglang_specopd.app.cli import _register_subcommands, app
     from specopd_trainer.evaluate import eval_records
 
     _register_subcommands()
@@ -513,8 +513,8 @@ def test_launched_tiny_servers_record_consistent_spec_stats(tiny_serving_target:
     from transformers import AutoTokenizer
 
     from conftest import TEST_TAG_ENV, TINY_BLOCK_SIZE, assert_no_orphans, new_process_tag
-    from sglang_specopd.bench.runner import BASE, SPEC, launched_servers, load_prompts, run_benchmark
-    from sglang_specopd.results import write_result
+    from sglang_specopd.app.bench.runner import BASE, SPEC, launched_servers, load_prompts, run_benchmark
+    from sglang_specopd.app.results import write_result
 
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(yaml.safe_dump({

@@ -1,4 +1,4 @@
-"""Response regeneration into the JSONL cache (trainer/collect.py): real tiny SPECOPD server + stub servers.
+"""Response regeneration into the JSONL cache (trainer/specopd_trainer/collect.py): real tiny SPECOPD server + stub servers.
 
 The tiny SGLang server (:func:`tiny_eval_server`) is shared with ``test_evaluate.py``: it starts once, at the
 first test that needs it, and stops right after the last such test of the session, so both modules together
@@ -45,7 +45,7 @@ def _tiny_eval_server_guard() -> Iterator[None]:
 def tiny_eval_server(request, _tiny_eval_server_guard, tiny_serving_target: Path, tiny_drafter: Path,
                      tmp_path_factory: pytest.TempPathFactory):
     """A SPECOPD fp32 server on the tiny target with the random block-4 drafter (started once, see module doc)."""
-    from sglang_specopd.launch import LaunchSpec, free_port
+    from sglang_specopd.app.launch import LaunchSpec, free_port
 
     if "server" not in _SHARED:
         spec = LaunchSpec(model_path=str(tiny_serving_target), port=free_port(), device="cpu", dtype="float32",
@@ -178,7 +178,7 @@ def test_too_long_prompt_is_skipped_and_counted(tiny_eval_server, tiny_tokenizer
 
 
 def test_server_down_raises_collection_error_and_keeps_cache(tiny_tokenizer, tmp_path: Path) -> None:
-    from sglang_specopd.launch import free_port
+    from sglang_specopd.app.launch import free_port
     from specopd_trainer.client import SpecOPDClient
     from specopd_trainer.collect import CollectionError, regenerate
 

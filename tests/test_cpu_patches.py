@@ -1,4 +1,4 @@
-"""One test per CPU adaptation in sglang_specopd.cpu: each shows SGLang failing without it and working with it.
+"""One test per CPU adaptation in sglang_specopd.server.cpu: each shows SGLang failing without it and working with it.
 
 No server is started. SGLang's CPU engine can only be imported with the ``sgl_kernel`` stand-in first on
 ``sys.path`` (and ``SGLANG_USE_CPU_ENGINE=1``), so everything that imports SGLang runs in a fresh subprocess with
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-STANDIN_INIT = REPO / "sglang_specopd" / "cpu" / "sgl_kernel_standin" / "sgl_kernel" / "__init__.py"
+STANDIN_INIT = REPO / "sglang_specopd" / "server" / "cpu" / "sgl_kernel_standin" / "sgl_kernel" / "__init__.py"
 
 CPU_HOOK_TARGETS = (
     "sglang.srt.arg_groups.speculative_hook._handle_dflash",
@@ -36,7 +36,7 @@ def run_python(code: str, env: dict, *args: str, timeout: float = 300.0) -> subp
 
 
 def cpu_env(**extra) -> dict:
-    from sglang_specopd.launch import server_env
+    from sglang_specopd.app.launch import server_env
 
     env = server_env("cpu")
     env["SGLANG_PLUGINS"] = "specopd"  # only our plugin, whatever else is installed
@@ -228,7 +228,7 @@ CHECKS = textwrap.dedent(r'''
 
     # ---- (b) the AROUND hook called directly with a stub original_fn ----
     def platform_proxy():
-        from sglang_specopd.cpu.patches import handle_dflash_on_cpu
+        from sglang_specopd.server.cpu.patches import handle_dflash_on_cpu
         real = sh.current_platform
         seen = {}
         def original(server_args):
@@ -493,7 +493,7 @@ def test_disable_table_qk_norm_rope_hook_on_stubs() -> None:
     """(d) The AFTER hook on stub modules: CPU (or parameter-less) -> False; a non-CPU module keeps its choice."""
     import torch
 
-    from sglang_specopd.cpu.patches import disable_table_qk_norm_rope
+    from sglang_specopd.server.cpu.patches import disable_table_qk_norm_rope
 
     class Stub(torch.nn.Module):
         def __init__(self, device):
@@ -527,7 +527,7 @@ def test_torch_native_target_verify_equals_causal_attention(cpu_checks: dict) ->
 
 def test_plugin_registers_no_cpu_hooks_without_cpu_engine() -> None:
     """Without SGLANG_USE_CPU_ENGINE, register() touches none of the CPU adaptations (GPU behaviour unchanged)."""
-    from sglang_specopd.cpu import STANDIN_DIR
+    from sglang_specopd.server.cpu import STANDIN_DIR
 
     env = {k: v for k, v in os.environ.items() if k != "SGLANG_USE_CPU_ENGINE"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep)
@@ -536,7 +536,7 @@ def test_plugin_registers_no_cpu_hooks_without_cpu_engine() -> None:
         import json, sys, torch
         from sglang.srt.plugins.hook_registry import HookRegistry
         from sglang.srt.arg_groups.choices import DRAFT_ATTENTION_BACKEND_CHOICES
-        from sglang_specopd.plugin import register
+        from sglang_specopd.server.plugin import register
         register()
         registered = sorted(HookRegistry._hooks)
         out = {"hooks": registered, "choices": list(DRAFT_ATTENTION_BACKEND_CHOICES),
@@ -544,7 +544,7 @@ def test_plugin_registers_no_cpu_hooks_without_cpu_engine() -> None:
                "sgl_kernel_imported": "sgl_kernel" in sys.modules}
         # what the CPU engine would have added, for comparison
         HookRegistry.reset()
-        from sglang_specopd.cpu.patches import register_cpu_adaptations
+        from sglang_specopd.server.cpu.patches import register_cpu_adaptations
         register_cpu_adaptations()
         out["cpu_hooks"] = sorted(HookRegistry._hooks)
         print(json.dumps(out))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang_specopd.cpu.sampling_verify import tree_speculative_sampling_target_only
+from sglang_specopd.server.cpu.sampling_verify import tree_speculative_sampling_target_only
 
 
 def _run(candidates, target_probs, coins, final):

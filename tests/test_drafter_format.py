@@ -12,8 +12,8 @@ from typing import Callable
 
 import pytest
 
-from sglang_specopd.drafter_check import DrafterCheckError, Problem, assert_drafter_ok, check_drafter
-from sglang_specopd.drafter_format import (
+from sglang_specopd.app.drafter_check import DrafterCheckError, Problem, assert_drafter_ok, check_drafter
+from sglang_specopd.wire.drafter_format import (
     DrafterConfigError,
     DrafterSpec,
     DrafterSpecError,
@@ -22,8 +22,8 @@ from sglang_specopd.drafter_format import (
     expected_tensors,
     spec_from_config,
 )
-from sglang_specopd.drafter_init import DrafterInitError, MaskTokenError, init_drafter, pick_mask_token
-from sglang_specopd.models import make_tiny_target
+from sglang_specopd.wire.drafter_init import DrafterInitError, MaskTokenError, init_drafter, pick_mask_token
+from _tiny_target import make_tiny_target
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -247,7 +247,7 @@ def test_check_reports_specific_problem(case: str, target: Path, bad_copy: Calla
 def test_cli_check_exits_2_with_problem_line(case: str, target: Path, bad_copy: Callable[[str], Path]) -> None:
     from typer.testing import CliRunner
 
-    from sglang_specopd.cli import _register_subcommands, app
+    from sglang_specopd.app.cli import _register_subcommands, app
 
     _register_subcommands()
     res = CliRunner().invoke(app, ["drafter", "check", str(bad_copy(case)), "--target", str(target)])
@@ -261,7 +261,7 @@ def test_cli_check_exits_2_with_problem_line(case: str, target: Path, bad_copy: 
 def test_cli_check_missing_drafter_says_error(target: Path, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from sglang_specopd.cli import _register_subcommands, app
+    from sglang_specopd.app.cli import _register_subcommands, app
 
     _register_subcommands()
     res = CliRunner().invoke(app, ["drafter", "check", str(tmp_path / "none"), "--target", str(target)])
@@ -275,7 +275,7 @@ def test_check_missing_target_and_drafter(drafter: Path, tmp_path: Path) -> None
     assert check_drafter(tmp_path / "none", tmp_path) == [
         Problem("drafter_missing", f"drafter path does not exist: {tmp_path / 'none'}")]
     res = subprocess.run(
-        [sys.executable, "-c", "from sglang_specopd.cli import main; main()", "drafter", "check", str(drafter),
+        [sys.executable, "-c", "from sglang_specopd.app.cli import main; main()", "drafter", "check", str(drafter),
          "--target", str(tmp_path / "nope")],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120,
     )
@@ -287,7 +287,7 @@ def test_check_missing_target_and_drafter(drafter: Path, tmp_path: Path) -> None
 def test_cli_init_and_check_ok(target: Path, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from sglang_specopd.cli import _register_subcommands, app
+    from sglang_specopd.app.cli import _register_subcommands, app
 
     _register_subcommands()
     runner = CliRunner()
@@ -336,7 +336,7 @@ print("RESULT " + json.dumps(out))
 
 def test_sglang_parses_and_loads_drafter(drafter: Path) -> None:
     """SGLang's parse_dflash_draft_config accepts our config; DFlashDraftModel (CPU) loads every parameter."""
-    from sglang_specopd.cpu import STANDIN_DIR
+    from sglang_specopd.server.cpu import STANDIN_DIR
 
     env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": f"{STANDIN_DIR}{os.pathsep}{REPO}"}
     res = subprocess.run([sys.executable, "-c", _SGLANG_SCRIPT, str(drafter)], capture_output=True, text=True,

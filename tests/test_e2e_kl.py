@@ -1,4 +1,4 @@
-"""E2E-KL (kernels/losses/e2e_kl.py): acceptance weights and the weighted forward KL, hand-checked."""
+"""E2E-KL (kernels/specopd_kernels/losses/e2e_kl.py): acceptance weights and the weighted forward KL, hand-checked."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Acceptance-length evaluation (trainer/evaluate.py, ``specopd eval acceptance``).
+"""Acceptance-length evaluation (trainer/specopd_trainer/evaluate.py, ``specopd eval acceptance``).
 
 The live test uses the tiny SPECOPD server shared with ``test_collect.py`` (one start for both modules); a plain
 server and the CLI's output files are checked against stub HTTP servers that answer like SGLang does.
@@ -89,7 +89,7 @@ def test_plain_server_is_a_clear_error(tiny_tokenizer) -> None:
 
 
 def test_server_down_is_an_evaluation_error(tiny_tokenizer) -> None:
-    from sglang_specopd.launch import free_port
+    from sglang_specopd.app.launch import free_port
     from specopd_trainer.evaluate import EvaluationError, evaluate_acceptance
 
     with pytest.raises(EvaluationError, match="failed after 1 attempts"):
@@ -139,7 +139,7 @@ def test_cli_writes_result_json_and_plot(tiny_target: Path, tiny_tokenizer, tmp_
     from typer.testing import CliRunner
 
     import specopd_trainer.evaluate as ev
-    from sglang_specopd.cli import _register_subcommands, app
+    from sglang_specopd.app.cli import _register_subcommands, app
     from specopd_trainer.collect import chat_prompt_ids
 
     _register_subcommands()

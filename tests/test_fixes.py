@@ -1,4 +1,4 @@
-"""sglang_specopd.fixes.extend_kwargs_in_model_dtype: DFLASH draft input embeddings in the model's dtype, not bf16.
+"""sglang_specopd.server.fixes.extend_kwargs_in_model_dtype: DFLASH draft input embeddings in the model's dtype, not bf16.
 
 SGLang 0.5.23's ``ModelRunner._extend_forward_kwargs`` casts ``forward_batch.input_embeds`` with a hard-coded
 ``.bfloat16()``; under ``--dtype float32`` the DFLASH draft layers then crashed on a dtype mismatch.
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_specopd.fixes import extend_kwargs_in_model_dtype
+from sglang_specopd.server.fixes import extend_kwargs_in_model_dtype
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,7 +65,7 @@ def test_replace_embeds_path_left_to_sglang() -> None:
 
 def test_hook_fixes_sglangs_own_method() -> None:
     """The real ModelRunner._extend_forward_kwargs: bf16 for an fp32 runner before the plugin loads, fp32 after."""
-    from sglang_specopd.launch import server_env
+    from sglang_specopd.app.launch import server_env
 
     code = textwrap.dedent('''
         import json, types, torch

@@ -21,7 +21,7 @@ import httpx
 import pytest
 import torch
 
-from sglang_specopd.protocol import DRAFTER_INFO_PATH, SWAP_DRAFTER_PATH, encode_tensors, swap_payload, tensors_digest
+from sglang_specopd.wire.protocol import DRAFTER_INFO_PATH, SWAP_DRAFTER_PATH, encode_tensors, swap_payload, tensors_digest
 from test_score_trees import ADMIN_KEY, MAX_PAYLOAD, NEW_TOKENS, PROMPTS, Shared, shared_server  # noqa: F401
 
 VERSIONS_KEY = "specopd_drafter_versions"
@@ -309,7 +309,7 @@ def _new_tensors(model):
 
 
 def test_apply_swap_rolls_back_on_failure() -> None:
-    from sglang_specopd.hot_swap import apply_swap
+    from sglang_specopd.server.hot_swap import apply_swap
 
     torch.manual_seed(0)
     model = _FakeDraftModel(fail_after=2)
@@ -324,7 +324,7 @@ def test_apply_swap_rolls_back_on_failure() -> None:
 
 
 def test_apply_swap_success_and_no_helper() -> None:
-    from sglang_specopd.hot_swap import apply_swap
+    from sglang_specopd.server.hot_swap import apply_swap
 
     model = _FakeDraftModel()
     worker = _FakeWorker(model)

@@ -1,4 +1,4 @@
-"""Tests of sglang_specopd.models / tiny_target / gguf_convert (offline; the SmolLM2 test needs the prepared model)."""
+"""Tests of sglang_specopd.app.models / tiny_target / gguf_convert (offline; the SmolLM2 test needs the prepared model)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from sglang_specopd import models
-from sglang_specopd.models import TargetNotFoundError, list_prepared, make_tiny_target, resolve_target
-from sglang_specopd.tiny_target import RESERVED_MASK_TOKEN, TinyTargetError
+from sglang_specopd.app import models
+from sglang_specopd.app.models import TargetNotFoundError, list_prepared, resolve_target
+from _tiny_target import make_tiny_target
+from _tiny_target import RESERVED_MASK_TOKEN, TinyTargetError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -121,16 +122,17 @@ def test_prepare_rejects_unknown_name_and_dtype(tmp_path: Path) -> None:
         models.prepare_model("smollm2", home=tmp_path, dtype="int8")
 
 
-def test_cli_make_tiny_and_resolve_error(tmp_path: Path) -> None:
+def test_tiny_qwen3_fixture_and_cli_resolve_error(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from sglang_specopd.cli import _register_subcommands, app
+    from sglang_specopd.app.cli import _register_subcommands, app
 
+    # the tiny random targets are a test fixture (tests/_tiny_target.py), not a product command
+    assert make_tiny_target(tmp_path / "t", arch="qwen3") == tmp_path / "t"
     _register_subcommands()
     runner = CliRunner()
-    res = runner.invoke(app, ["models", "make-tiny", "--out", str(tmp_path / "t"), "--arch", "qwen3"])
-    assert res.exit_code == 0, res.output
-    assert res.stdout.strip().splitlines() == [str(tmp_path / "t")]
+    res = runner.invoke(app, ["models", "make-tiny", "--out", str(tmp_path / "u")])
+    assert res.exit_code != 0 and not (tmp_path / "u").exists()
     res = runner.invoke(app, ["models", "prepare", "nosuch", "--home", str(tmp_path)])
     assert res.exit_code == 2 and "error: unknown model 'nosuch'" in res.output
     assert "Traceback" not in res.output
@@ -145,7 +147,7 @@ SMOL_DIR = Path(os.environ.get("SPECOPD_HOME", Path.home() / ".cache" / "specopd
 @pytest.mark.skipif(not (SMOL_DIR / models.MARKER_NAME).is_file() and os.environ.get("SPECOPD_PREPARE") != "1",
                     reason="SmolLM2 not prepared (run `specopd models prepare smollm2` or set SPECOPD_PREPARE=1)")
 def test_smollm2_prepared_and_idempotent() -> None:
-    cmd = [sys.executable, "-c", "from sglang_specopd.cli import main; main()", "models", "prepare", "smollm2"]
+    cmd = [sys.executable, "-c", "from sglang_specopd.app.cli import main; main()", "models", "prepare", "smollm2"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     assert first.returncode == 0, first.stderr
@@ -169,7 +171,7 @@ def test_smollm2_prepared_and_idempotent() -> None:
 @pytest.mark.smollm2
 @pytest.mark.skipif(not (SMOL_DIR / models.MARKER_NAME).is_file(), reason="SmolLM2 not prepared")
 def test_smollm2_generates_english() -> None:
-    from sglang_specopd.gguf_convert import verify_checkpoint
+    from sglang_specopd.app.gguf_convert import verify_checkpoint
 
     text = verify_checkpoint(SMOL_DIR, max_new_tokens=8)
     assert "Paris" in text

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_specopd.prefix_cache import ENV_VAR, PrefixCache, PrefixEntry, budget_from_env, prefix_key
+from sglang_specopd.server.prefix_cache import ENV_VAR, PrefixCache, PrefixEntry, budget_from_env, prefix_key
 
 
 def _entry(length: int, layers: int = 2, width: int = 4) -> PrefixEntry:
@@ -60,9 +60,9 @@ def test_budget_from_env() -> None:
 
 
 def test_server_config_sizes_the_cache_through_the_scheduler_env() -> None:
-    from sglang_specopd.config import ServeConfig
-    from sglang_specopd.launch import server_env
-    from sglang_specopd.serve import config_path
+    from sglang_specopd.app.config import ServeConfig
+    from sglang_specopd.app.launch import server_env
+    from sglang_specopd.app.serve import config_path
 
     cpu = ServeConfig.load(config_path("cpu-smollm2"))
     assert cpu.score_trees_prefix_cache_mb == 4096

@@ -6,7 +6,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from sglang_specopd.protocol import (
+from sglang_specopd.wire.protocol import (
     AnchorTree,
     ScoreTreesError,
     ScoreTreesRequest,
@@ -253,7 +253,7 @@ def test_swap_payload_header() -> None:
 
 def test_root_only_tree_is_valid_in_both_forms() -> None:
     """A tree with no nodes asks for its anchor row only (SpecOPD's root anchors); JSON and binary agree."""
-    from sglang_specopd.protocol import request_from_binary, request_to_binary
+    from sglang_specopd.wire.protocol import request_from_binary, request_to_binary
 
     req = _req([{"anchor": 1, "tokens": []}, {"anchor": 0, "branches": [[1, 2]]}], (1, 2, 3))
     validate_request(req, vocab_size=VOCAB, num_layers=LAYERS)

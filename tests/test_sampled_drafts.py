@@ -1,12 +1,12 @@
-"""Sampled draft blocks + lossless chain verification (sglang_specopd.sampled_drafts, cpu.chain_sampling)."""
+"""Sampled draft blocks + lossless chain verification (sglang_specopd.server.sampled_drafts, cpu.chain_sampling)."""
 
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from sglang_specopd.cpu.chain_sampling import chain_speculative_sampling
-from sglang_specopd.sampled_drafts import draft_sampling_mode, sample_block, verify_block
+from sglang_specopd.server.cpu.chain_sampling import chain_speculative_sampling
+from sglang_specopd.server.sampled_drafts import draft_sampling_mode, sample_block, verify_block
 
 
 def _run_chain(candidates, target_probs, draft_probs, seed=0):
@@ -100,7 +100,7 @@ def test_verify_block_through_sglang_accept_sampling():
     """SGLang's accept_sampling with the CPU chain op: q == p on the drafted path accepts everything; the draft
     q is padded to the target's vocabulary width."""
     pytest.importorskip("sglang")
-    from sglang_specopd.cpu.chain_sampling import install
+    from sglang_specopd.server.cpu.chain_sampling import install
 
     install()
     vocab = 6

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from conftest import TINY_PROMPTS, RunningServer, _env_var, running_server, tiny_launch_spec
-from sglang_specopd.protocol import (
+from sglang_specopd.wire.protocol import (
     BINARY_CONTENT_TYPE,
     DRAFTER_INFO_PATH,
     SCORE_TREES_PATH,
@@ -78,8 +78,8 @@ def make_scaled_drafter(drafter: Path, out: Path, seed: int = 123) -> Path:
     """Copy of ``drafter`` with every matrix x10 and every norm vector random in [0.5, 1.5]."""
     from safetensors.torch import load_file
 
-    from sglang_specopd.drafter_format import read_drafter_spec
-    from sglang_specopd.drafter_init import save_drafter
+    from sglang_specopd.wire.drafter_format import read_drafter_spec
+    from sglang_specopd.wire.drafter_init import save_drafter
 
     gen = torch.Generator().manual_seed(seed)
     tensors = load_file(str(drafter / "model.safetensors"))
@@ -90,7 +90,7 @@ def make_scaled_drafter(drafter: Path, out: Path, seed: int = 123) -> Path:
 
 
 def _start_shared(target: Path, drafter: Path, tmp_path_factory) -> Shared:
-    from sglang_specopd.launch import free_port
+    from sglang_specopd.app.launch import free_port
 
     cfg = json.loads((target / "config.json").read_text())
     scaled = make_scaled_drafter(drafter, tmp_path_factory.mktemp("scaled-drafter") / "scaled")

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sglang_specopd.config import ConfigError, ServeConfig
-from sglang_specopd.serve import config_path, launch_spec
+from sglang_specopd.app.config import ConfigError, ServeConfig
+from sglang_specopd.app.serve import config_path, launch_spec
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((REPO / "server_configs").glob("*.yaml"))
@@ -107,7 +107,7 @@ def test_every_shipped_config_loads(path: Path) -> None:
 
 def test_cpu_configs_build_the_cpu_launch_flags(tiny_target: Path, tiny_drafter: Path) -> None:
     """launch_spec on each shipped CPU config (target/drafter swapped for the tiny ones) gives SGLang's CPU flags."""
-    from sglang_specopd.launch import free_port
+    from sglang_specopd.app.launch import free_port
 
     cpu_cfgs = [ServeConfig.load(p) for p in SHIPPED if ServeConfig.load(p).device == "cpu"]
     assert cpu_cfgs

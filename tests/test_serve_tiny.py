@@ -204,7 +204,7 @@ def test_single_token_request_has_empty_trace(tiny_specopd_server) -> None:
 
 def test_sampled_drafts_are_lossless_and_vary(tiny_plain_outputs, tiny_specopd_server) -> None:
     """temperature 1 with top_p ~0: the target side is one-hot (top-p keeps only its argmax) while the request is
-    not greedy, so the worker SAMPLES its drafts from q at T=1 (sglang_specopd.sampled_drafts) and verifies them
+    not greedy, so the worker SAMPLES its drafts from q at T=1 (sglang_specopd.server.sampled_drafts) and verifies them
     with min(1, p/q). Lossless: the output is the greedy output. Sampled: proposals at the same verify step differ
     between repeats (greedy DFLASH drafts would repeat exactly)."""
     prompt = TINY_PROMPTS[0]

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from conftest import TINY_BLOCK_SIZE, running_server, tiny_launch_spec
-from sglang_specopd.protocol import DRAFTER_INFO_PATH
+from sglang_specopd.wire.protocol import DRAFTER_INFO_PATH
 
 ADMIN_KEY = "train-cli-admin"
 METRIC_KEYS = {"step", "loss", "lr", "grad_norm", "wall_s", "est_tau", "alpha", "step_supervised_tokens",
@@ -30,7 +30,7 @@ SEQS, ANCHORS, BRANCHES = 2, 2, 2
 
 @pytest.fixture(scope="module")
 def server(tiny_serving_target: Path, tiny_drafter: Path, tmp_path_factory):
-    from sglang_specopd.launch import free_port
+    from sglang_specopd.app.launch import free_port
 
     spec = dataclasses.replace(tiny_launch_spec(tiny_serving_target, free_port(), tiny_drafter),
                                admin_api_key=ADMIN_KEY)
@@ -41,7 +41,7 @@ def server(tiny_serving_target: Path, tiny_drafter: Path, tmp_path_factory):
 def cli(*args: str):
     from typer.testing import CliRunner
 
-    from sglang_specopd.cli import _register_subcommands, app
+    from sglang_specopd.app.cli import _register_subcommands, app
 
     _register_subcommands()
     res = CliRunner().invoke(app, ["train", *args], env={"SPECOPD_ADMIN_KEY": None, "SPECOPD_API_KEY": None})
@@ -184,7 +184,7 @@ def test_bad_input_fails_cleanly(server, tmp_path: Path) -> None:
     res = cli(*bad)
     assert res.exit_code == 2 and "responses.jsonl is missing" in res.stderr
 
-    from sglang_specopd.launch import free_port
+    from sglang_specopd.app.launch import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
     res = cli(*specopd_args(dead, tmp_path / "run", 2))
@@ -208,7 +208,7 @@ def test_specopd_ddp_two_gloo_ranks(server, tmp_path: Path) -> None:
     args = specopd_args(server.url, run, 2, "dialogue")
     env = {k: v for k, v in os.environ.items() if k not in ("SPECOPD_ADMIN_KEY", "SPECOPD_API_KEY")}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "-m", "sglang_specopd.cli", "train", *args], env={**env, "OMP_NUM_THREADS": "1"},
+                           "-m", "sglang_specopd.app.cli", "train", *args], env={**env, "OMP_NUM_THREADS": "1"},
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2 rank(s)" in proc.stderr and "Traceback" not in proc.stderr

@@ -24,7 +24,7 @@ BLOCK_SIZE = 8
 
 
 def _strong_drafter(target: Path, out: Path):
-    from sglang_specopd.drafter_init import init_drafter, init_drafter_tensors, save_drafter
+    from sglang_specopd.wire.drafter_init import init_drafter, init_drafter_tensors, save_drafter
 
     spec = init_drafter(target, out, block_size=BLOCK_SIZE, num_layers=2, seed=1, target_layer_ids=[0, 2])
     g = torch.Generator().manual_seed(5)
@@ -40,7 +40,7 @@ def served(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory):
     from transformers import AutoTokenizer
 
     from conftest import running_server, tiny_launch_spec
-    from sglang_specopd.launch import free_port
+    from sglang_specopd.app.launch import free_port
 
     root = tmp_path_factory.mktemp("parity")
     _strong_drafter(tiny_target, root / "drafter")
@@ -92,5 +92,5 @@ def test_trainer_proposals_equal_server_proposals(served) -> None:
     assert not mismatches, (
         f"{len(mismatches)}/{checked} verify steps differ (anchor, server, trainer): {mismatches[:3]}"
         + (f"; {causal_matches} of them match a CAUSAL in-block draft attention: the server's draft attention is "
-           "not ENCODER_ONLY (see sglang_specopd/cpu/patches.py torch_native TARGET_VERIFY: causal must be "
+           "not ENCODER_ONLY (see sglang_specopd/server/cpu/patches.py torch_native TARGET_VERIFY: causal must be "
            "False for layer.attn_type == AttentionType.ENCODER_ONLY)" if causal_matches else ""))

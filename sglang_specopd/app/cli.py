@@ -1,0 +1,33 @@
+"""The ``specopd`` command line.
+
+Every subcommand imports its heavy dependencies (torch, transformers, sglang) lazily, so ``specopd --help``
+and trainer-only hosts stay fast and never load SGLang unless a subcommand needs it.
+"""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Train and serve DFlash-family drafters on SGLang.")
+models_app = typer.Typer(no_args_is_help=True, help="Prepare target models (offline).")
+drafter_app = typer.Typer(no_args_is_help=True, help="Create and validate DFlash drafter checkpoints.")
+app.add_typer(models_app, name="models")
+app.add_typer(drafter_app, name="drafter")
+
+
+def _register_subcommands() -> None:
+    # Each module adds its commands to the apps above; the modules import nothing heavy at import time.
+    from sglang_specopd.app import cli_bench, cli_demo, cli_drafter, cli_eval, cli_models, cli_serve, cli_train  # noqa: F401
+
+
+def main() -> None:
+    """Console-script entry point."""
+    _register_subcommands()
+    app()
+
+
+if __name__ == "__main__":
+    # Under `python -m`, this file is `__main__`; run the canonical module's app so subcommands attach to it.
+    from sglang_specopd.app.cli import main as _main
+
+    _main()

@@ -1,0 +1,100 @@
+"""``specopd drafter ...`` commands: init, check (attached to :data:`sglang_specopd.app.cli.drafter_app`).
+
+Errors print ``error: ...`` lines (one per problem for ``check``) on stderr and exit with code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from sglang_specopd.app.cli import drafter_app
+
+
+class _DType(str, enum.Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=2)
+
+
+def _report_problems(problems, drafter: Path) -> None:
+    """One ``error: ...`` line per problem (stderr), a count line if there are several; exit 2."""
+    for p in problems:
+        typer.echo(f"error: {p.message}", err=True)
+    if len(problems) > 1:
+        typer.echo(f"error: {len(problems)} problems in {drafter}", err=True)
+    raise typer.Exit(code=2)
+
+
+def _resolve(target: str, home: Optional[Path]) -> Path:
+    from sglang_specopd.app.models import TargetNotFoundError, resolve_target
+
+    try:
+        return resolve_target(target, home=home)
+    except TargetNotFoundError as exc:
+        _fail(str(exc))
+        raise  # unreachable: _fail raises
+
+
+@drafter_app.command("init")
+def init(
+    target: str = typer.Option(..., "--target", help="Target: a prepared model name (smollm2) or a HF checkpoint dir."),
+    out: Path = typer.Option(..., "--out", help="Output directory of the new drafter."),
+    block_size: int = typer.Option(8, "--block-size", help="DFlash block size B (anchor + B-1 masks), >= 2."),
+    num_layers: int = typer.Option(2, "--num-layers", help="Number of draft transformer layers."),
+    seed: int = typer.Option(0, "--seed", help="Weight seed (equal seeds give identical weights)."),
+    mask_token: Optional[str] = typer.Option(None, "--mask-token", help="Override the mask token (an existing token)."),
+    layer_ids: Optional[str] = typer.Option(None, "--target-layer-ids",
+                                            help="Comma-separated target layer ids (default: spread over 1..N-3)."),
+    dtype: _DType = typer.Option(_DType.float32, "--dtype", help="Weight dtype."),
+    force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
+    home: Optional[Path] = typer.Option(None, "--home", help="specopd home for resolving model names."),
+) -> None:
+    """Create a randomly initialised DFlash drafter for TARGET, check it, and print its directory last."""
+    from sglang_specopd.wire.checkpoint_info import TargetConfigError
+    from sglang_specopd.app.drafter_check import check_drafter, describe
+    from sglang_specopd.wire.drafter_format import DrafterFormatError
+    from sglang_specopd.wire.drafter_init import DrafterInitError, init_drafter
+
+    target_dir = _resolve(target, home)
+    ids = None
+    if layer_ids is not None:
+        try:
+            ids = [int(x) for x in layer_ids.split(",") if x.strip()]
+        except ValueError:
+            _fail(f"--target-layer-ids must be comma-separated integers, got {layer_ids!r}")
+    try:
+        spec = init_drafter(target_dir, out, block_size=block_size, num_layers=num_layers, seed=seed,
+                            mask_token=mask_token, target_layer_ids=ids, dtype=dtype.value, overwrite=force)
+    except (DrafterFormatError, DrafterInitError, TargetConfigError) as exc:
+        _fail(str(exc))
+    problems = check_drafter(out, target_dir)
+    if problems:  # a bug in init itself: report it the same way as `check`
+        _report_problems(problems, out)
+    typer.echo(f"ok: {describe(spec)}", err=True)
+    typer.echo(str(out))
+
+
+@drafter_app.command("check")
+def check(
+    drafter: Path = typer.Argument(..., help="Drafter checkpoint directory."),
+    target: str = typer.Option(..., "--target", help="Target: a prepared model name (smollm2) or a HF checkpoint dir."),
+    home: Optional[Path] = typer.Option(None, "--home", help="specopd home for resolving model names."),
+) -> None:
+    """Validate DRAFTER against TARGET: exit 0 with an "ok: ..." summary, or exit 2, one "error: ..." per problem."""
+    from sglang_specopd.app.drafter_check import check_drafter, describe
+    from sglang_specopd.wire.drafter_format import read_drafter_spec
+
+    target_dir = _resolve(target, home)
+    problems = check_drafter(drafter, target_dir)
+    if problems:
+        _report_problems(problems, drafter)
+    typer.echo(f"ok: {drafter}: {describe(read_drafter_spec(drafter))}")

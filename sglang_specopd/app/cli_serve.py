@@ -1,0 +1,55 @@
+"""``specopd serve``: start SGLang with the plugin from a server config; stop it cleanly on Ctrl-C / SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from sglang_specopd.app.cli import app
+
+
+@app.command("serve")
+def serve(
+    config: str = typer.Option(..., "--config", "-c", help="Server config: a YAML path or a name in server_configs/."),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(30000, "--port"),
+    drafter: Optional[str] = typer.Option(None, "--drafter", help="Override the config's drafter directory."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="API key required for generation (SGLang's)."),
+    admin_api_key: Optional[str] = typer.Option(None, "--admin-api-key", help="Key for admin routes (drafter swap)."),
+    sglang_arg: List[str] = typer.Option([], "--sglang-arg", help="Extra SGLang flag, repeatable: --sglang-arg=--log-level=debug"),
+    log_file: Optional[Path] = typer.Option(None, "--log-file", help="SGLang's log (default: a temp file)."),
+    timeout: float = typer.Option(900.0, "--timeout", help="Seconds to wait for the server to become healthy."),
+) -> None:
+    """Start a real SGLang server (SPECOPD drafter per the config) and keep it running until interrupted."""
+    from sglang_specopd.app.config import ConfigError, ServeConfig
+    from sglang_specopd.app.launch import SGLangServer, ServeError
+    from sglang_specopd.app.serve import config_path, launch_spec
+
+    try:
+        cfg = ServeConfig.load(config_path(config))
+        spec = launch_spec(cfg, host=host, port=port, api_key=api_key, admin_api_key=admin_api_key,
+                           drafter=drafter, extra_args=sglang_arg)
+    except (ConfigError, ServeError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2)
+    if cfg.device == "cuda" and not cfg.checked_on_gpu:
+        typer.echo(f"note: config {cfg.name!r} has not yet been checked on a GPU", err=True)
+    server = SGLangServer(spec, log_path=log_file)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        typer.echo(f"starting SGLang ({cfg.name}); log: {server.log_path}", err=True)
+        server.start(timeout=timeout)
+        typer.echo(f"ready: {server.url} (healthy after {server.time_to_healthy_s:.1f} s); Ctrl-C to stop", err=True)
+        server.proc.wait()
+        typer.echo(f"error: SGLang exited with code {server.proc.returncode}\n{server.log_tail()}", err=True)
+        raise typer.Exit(code=1)
+    except ServeError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2)
+    except KeyboardInterrupt:
+        typer.echo("stopping SGLang", err=True)
+    finally:
+        server.stop()

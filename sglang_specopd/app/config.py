@@ -1,0 +1,71 @@
+"""Server configs (``server_configs/*.yaml``): a strict pydantic schema, unknown keys rejected."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ServeConfig(BaseModel):
+    """One serving setup: target, drafter, algorithm and the SGLang flags that go with them.
+
+    ``target`` is a prepared model name (``smollm2``) or a local HF checkpoint directory. ``drafter`` is a DFlash
+    drafter directory, ``"default"`` (the drafter ``specopd drafter init`` makes for this target under
+    ``$SPECOPD_HOME/drafters``, created on first use), or null for plain autoregressive serving.
+    Relative paths are resolved against the config file's directory.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    description: str = ""
+    target: str
+    drafter: Optional[str] = None
+    speculative_algorithm: Optional[Literal["SPECOPD", "DFLASH"]] = "SPECOPD"
+    block_size: Optional[int] = Field(default=None, ge=2, le=64)
+    device: Literal["cpu", "cuda"] = "cuda"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    attention_backend: Optional[str] = None
+    max_total_tokens: Optional[int] = Field(default=None, gt=0)
+    mem_fraction_static: Optional[float] = Field(default=None, gt=0, lt=1)
+    max_running_requests: Optional[int] = Field(default=None, gt=0)
+    disable_cuda_graph: bool = False
+    disable_overlap_schedule: bool = False
+    sleep_on_idle: bool = False
+    score_trees_prefix_cache_mb: int = Field(
+        default=0, ge=0, description="MiB of reference-prefix K/V that /specopd/score_trees keeps across calls "
+                                     "(sglang_specopd.server.prefix_cache; 0 = off)")
+    checked_on_gpu: bool = False
+    extra_sglang_args: List[str] = Field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ServeConfig":
+        """Read and validate a YAML config; raises ``ConfigError`` with the file name and every problem."""
+        import yaml
+        from pydantic import ValidationError
+
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"server config not found: {path}")
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level")
+        base = path.resolve().parent
+        for key in ("target", "drafter"):
+            val = data.get(key)
+            if isinstance(val, str) and (val.startswith("./") or val.startswith("../")):
+                data[key] = str((base / val).resolve())
+        try:
+            return cls(**data)
+        except ValidationError as exc:
+            lines = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+            raise ConfigError(f"{path}: invalid server config:\n  " + "\n  ".join(lines)) from None
+
+
+class ConfigError(ValueError):
+    """A server config file is missing, malformed or has unknown/invalid keys."""

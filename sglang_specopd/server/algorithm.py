@@ -1,0 +1,145 @@
+"""The SPECOPD speculative algorithm: SGLang's DFlash worker plus per-request acceptance traces.
+
+Registered with ``SpeculativeAlgorithm.register("SPECOPD", ...)`` by :func:`register_algorithm`. To SGLang it is
+a DFLASH-family algorithm (every ``is_*`` / ``supports_*`` question is answered as DFLASH answers it), and its
+server-argument resolution is DFLASH's own (``_handle_dflash``), so flags, checkpoints and performance are those
+of ``--speculative-algorithm DFLASH``. The worker subclasses ``DFlashWorkerV2``, observes each verify
+step to record traces (:mod:`sglang_specopd.server.traces`) and, for requests at temperature > 0, samples each draft
+slot from the drafter and verifies with lossless speculative sampling (:mod:`sglang_specopd.server.sampled_drafts`; the
+DFlash reference's semantics, ``SPECOPD_DRAFT_SAMPLING=greedy`` keeps DFLASH's greedy drafts). Temperature-0
+requests are drafted and verified exactly as DFLASH does.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger("sglang_specopd.server.algorithm")
+
+ALGORITHM_NAME = "SPECOPD"
+
+
+def _make_spec_class():
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+    dflash = SpeculativeAlgorithm.DFLASH
+    own = {"is_some", "is_none", "is_speculative", "handle_server_args", "create_worker"}
+
+    class SpecOPDAlgo(CustomSpecAlgo):
+        """DFLASH-family spec class: delegates every capability question to ``SpeculativeAlgorithm.DFLASH``."""
+
+        def __getattr__(self, name):  # enum-only attributes (carries_draft_hidden_states, need_topk, ...)
+            return getattr(dflash, name)
+
+    for name in list(vars(SpeculativeAlgorithm)):
+        if name.startswith(("is_", "supports_", "has_", "need_", "carries_")) and name not in own:
+            setattr(SpecOPDAlgo, name, (lambda n: lambda self, *a, **k: getattr(dflash, n)(*a, **k))(name))
+    for name in ("create_future_map", "build_disagg_draft_input", "resolve_max_speculative_num_draft_tokens",
+                 "get_num_tokens_per_req_for_target_verify"):
+        setattr(SpecOPDAlgo, name, (lambda n: lambda self, *a, **k: getattr(dflash, n)(*a, **k))(name))
+    return SpecOPDAlgo
+
+
+def _make_worker_class():
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    from sglang_specopd.server.hot_swap import current_version
+    from sglang_specopd.server.traces import record_verify_step, record_versions, wants_trace
+
+    from sglang.srt.speculative.dflash_worker_v2 import _commit_accept, is_dense_head_weight
+    from sglang.srt.speculative.dspark_components.dspark_draft import resolve_greedy_mask
+
+    from sglang_specopd.server.sampled_drafts import draft_sampling_mode, sample_block, verify_block
+
+    sampled = draft_sampling_mode() == "sample"  # read at server start: a bad value fails the launch, not a step
+
+    class SpecOPDWorker(DFlashWorkerV2):
+        """``DFlashWorkerV2`` that records (anchor, proposed tokens, accepted count) per verify step and serves
+        sampled draft blocks with lossless verification at temperature > 0."""
+
+        _specopd_reqs = None
+        _specopd_sampling = None  # the batch's sampling_info while this step drafts by sampling
+        _specopd_q = None  # [bs, gamma, V] fp32: the q the current block was sampled from
+
+        def forward_batch_generation(self, batch, *args, **kwargs):
+            self._specopd_reqs = getattr(batch, "reqs", None)
+            info = getattr(batch, "sampling_info", None)
+            if info is not None and not info.is_all_greedy and sampled:
+                self._specopd_sampling = info
+            try:
+                return super().forward_batch_generation(batch, *args, **kwargs)
+            finally:
+                self._specopd_reqs = self._specopd_sampling = self._specopd_q = None
+
+        def _greedy_sample_from_vocab_parallel_head(self, *, hidden_states, lm_head, chunk_size: int = 256):
+            info = self._specopd_sampling
+            weight = getattr(lm_head, "weight", None)
+            vocab = int(self.model_runner.model_config.vocab_size)
+            gamma = int(self.block_size) - 1
+            if (info is None or not is_dense_head_weight(weight) or weight.shape[0] < vocab
+                    or hidden_states.shape[0] % gamma):  # sharded / quantized head: DFLASH's greedy drafts
+                return super()._greedy_sample_from_vocab_parallel_head(
+                    hidden_states=hidden_states, lm_head=lm_head, chunk_size=chunk_size)
+            bs = hidden_states.shape[0] // gamma
+            logits = hidden_states.to(weight.dtype) @ weight[:vocab].T
+            greedy = resolve_greedy_mask(bs=bs, sampling_info=info, device=logits.device)
+            tokens, self._specopd_q = sample_block(logits.view(bs, gamma, vocab), info.temperatures, greedy)
+            return tokens.view(-1)
+
+        def _accept_block(self, **kwargs):
+            q, self._specopd_q = self._specopd_q, None
+            if q is not None and self._selector_sample is None and kwargs.get("target_predict") is None:
+                candidates = kwargs["candidates"]
+                accept_len, bonus = verify_block(
+                    candidates=candidates, target_logits=kwargs["next_token_logits"], draft_probs=q,
+                    sampling_info=kwargs["sampling_info"], draft_input=kwargs["draft_input"],
+                    block_verification=self._block_verification)
+                out_tokens, commit_lens = _commit_accept(candidates, accept_len, bonus)
+                out = (accept_len, commit_lens, bonus, out_tokens, None)
+            else:
+                out = super()._accept_block(**kwargs)
+            reqs = self._specopd_reqs
+            if reqs:
+                record_versions(reqs, current_version())
+            if reqs and any(wants_trace(r) for r in reqs):
+                candidates = kwargs["candidates"]
+                record_verify_step(
+                    reqs,
+                    kwargs["prefix_lens"].tolist(),
+                    candidates[:, 1:].tolist(),
+                    out[0].tolist(),
+                )
+            return out
+
+    return SpecOPDWorker
+
+
+def resolve_specopd_server_args(result, server_args):
+    """AFTER hook on ``handle_speculative_decoding``: give SPECOPD the DFLASH resolution (block size, backends)."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+    import sglang.srt.arg_groups.speculative_hook as spec_hook
+
+    if (resolving_view(server_args).speculative_algorithm or "").upper() == ALGORITHM_NAME:
+        spec_hook._handle_dflash(server_args)
+    return result
+
+
+def register_algorithm() -> None:
+    """Register ``SPECOPD`` with SGLang (idempotent per process)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_registry import get_spec
+
+    if get_spec(ALGORITHM_NAME) is not None:
+        return
+
+    @SpeculativeAlgorithm.register(ALGORITHM_NAME, supports_overlap=True, spec_class=_make_spec_class())
+    def _factory(server_args):
+        return _make_worker_class()
+
+    HookRegistry.register(
+        "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding",
+        resolve_specopd_server_args,
+        HookType.AFTER,
+    )

@@ -1,0 +1,171 @@
+"""The CPU adaptations SGLang 0.5.23 needs to serve DFLASH / SPECOPD on a CPU-only machine.
+
+Each function below is one adaptation, registered through SGLang's plugin ``HookRegistry`` (or, for the torch
+method, patched directly) by :func:`register_cpu_adaptations`, which the plugin calls only when
+:func:`sglang_specopd.server.cpu.cpu_engine_enabled` is true. Every hook re-checks that the device is CPU at call
+time and otherwise defers to SGLang's original code, so nothing here changes GPU behaviour.
+
+1. ``sgl_kernel`` stand-in (``sgl_kernel_standin/``): put first on PYTHONPATH by the launcher (not a hook).
+2. ``_handle_dflash`` device check: DFLASH is rejected unless the device is cuda/npu/xpu; on CPU the check is
+   answered "supported" and ``torch_native`` is accepted as the draft attention backend.
+3. ``Tensor.record_stream`` is a no-op for CPU tensors (dflash_worker_v2 calls it unconditionally).
+4. ``DFlashAttention.use_table_qk_norm_rope = False`` on CPU (its fused Triton qk-norm/rope needs a GPU driver).
+5. ``TorchNativeAttnBackend.forward_extend`` handles TARGET_VERIFY (prefix/extend lengths derived from
+   ``spec_info.draft_token_num``, as intel_amx_backend.py does) with a chain (causal) or tree (custom) mask.
+6. (device-independent, so it lives in :mod:`sglang_specopd.server.fixes`): DFLASH under ``--dtype float32``.
+7. Lossless DFLASH sampling verification (temperature > 0): SGLang has no CPU op and silently falls back to
+   greedy verification; :mod:`sglang_specopd.server.cpu.sampling_verify` provides the op in torch.
+8. Chain verification of SAMPLED draft blocks (:mod:`sglang_specopd.server.sampled_drafts`) uses SGLang's
+   ``accept_sampling``, whose kernel is Triton; :mod:`sglang_specopd.server.cpu.chain_sampling` provides it in torch.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger("sglang_specopd.server.cpu")
+
+_SPEC_HOOK = "sglang.srt.arg_groups.speculative_hook"
+CPU_DRAFT_ATTENTION_BACKEND = "torch_native"
+
+
+def _is_cpu_device(device) -> bool:
+    return str(device).split(":")[0] == "cpu"
+
+
+class _CpuDFlashPlatform:
+    """Answers SGLang's DFLASH capability questions for the CPU device; delegates everything else."""
+
+    def __init__(self, platform):
+        self._platform = platform
+
+    def __getattr__(self, name):
+        return getattr(self._platform, name)
+
+    def is_out_of_tree(self) -> bool:  # routes _handle_dflash through the capability questions below
+        return True
+
+    def supports_speculative_algorithm(self, algorithm: str) -> bool:
+        return algorithm.upper() == "DFLASH"
+
+    def supports_speculative_draft_attention_backend(self, algorithm: str, backend: str) -> bool:
+        return backend == CPU_DRAFT_ATTENTION_BACKEND
+
+    def get_default_speculative_draft_attention_backend(self, algorithm: str) -> str:
+        return CPU_DRAFT_ATTENTION_BACKEND
+
+
+def handle_dflash_on_cpu(original_fn, server_args):
+    """AROUND hook for ``speculative_hook._handle_dflash``: accept DFLASH on CPU with torch_native drafts."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+    import sglang.srt.arg_groups.speculative_hook as spec_hook
+
+    if not _is_cpu_device(resolving_view(server_args).device):
+        return original_fn(server_args)
+    real = spec_hook.current_platform
+    spec_hook.current_platform = _CpuDFlashPlatform(real)
+    try:
+        return original_fn(server_args)
+    finally:
+        spec_hook.current_platform = real
+
+
+def install_record_stream_noop() -> None:
+    """Make ``torch.Tensor.record_stream`` a no-op for CPU tensors (CUDA tensors keep the real method)."""
+    import torch
+
+    original = torch.Tensor.record_stream
+    if getattr(original, "_specopd_cpu_noop", False):
+        return
+
+    def record_stream(self, stream):
+        if self.device.type == "cpu":
+            return None
+        return original(self, stream)
+
+    record_stream._specopd_cpu_noop = True
+    torch.Tensor.record_stream = record_stream
+
+
+def disable_table_qk_norm_rope(result, self, *args, **kwargs):
+    """AFTER hook for ``DFlashAttention.__init__``: use the plain qk-norm + RoPE path on CPU."""
+    weight = next(self.parameters(), None)
+    if weight is None or weight.device.type == "cpu":
+        self.use_table_qk_norm_rope = False
+    return result
+
+
+def torch_native_forward_extend(original_fn, self, q, k, v, layer, forward_batch, save_kv_cache=True):
+    """AROUND hook for ``TorchNativeAttnBackend.forward_extend`` adding TARGET_VERIFY support.
+
+    In TARGET_VERIFY, ``forward_batch.seq_lens`` [bs] are the committed prefix lengths and every request
+    extends by ``spec_info.draft_token_num`` tokens, whose KV slots are ``out_cache_loc``. Chain verify (DFLASH,
+    ``custom_mask is None``) is plain causal attention over prefix + block for the target. DFLASH also runs its
+    draft block forward in TARGET_VERIFY mode: draft layers are ENCODER_ONLY, i.e. non-causal over (context
+    before the anchor + the whole block), as SGLang's GPU backends compute them.
+    """
+    if not forward_batch.forward_mode.is_target_verify() or not _is_cpu_device(q.device):
+        return original_fn(self, q, k, v, layer, forward_batch, save_kv_cache)
+    import torch
+
+    from sglang.srt.layers.attention.torch_native_backend import KVWriteLoc
+    from sglang.srt.layers.radix_attention import AttentionType
+
+    spec_info = forward_batch.spec_info
+    if spec_info is None:
+        raise RuntimeError("TARGET_VERIFY without spec_info: cannot derive the verify block length")
+    if getattr(spec_info, "custom_mask", None) is not None:
+        raise NotImplementedError(
+            "torch_native TARGET_VERIFY supports chain verification only (custom_mask must be None)"
+        )
+    n = int(spec_info.draft_token_num)
+    hq, hkv = layer.tp_q_head_num, layer.tp_k_head_num
+    o = q.new_empty((q.shape[0], hq * layer.v_head_dim))
+    if save_kv_cache and k is not None and v is not None:
+        self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, self.swa_out_cache_loc), k, v)
+    k_cache = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
+    v_cache = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
+    req_to_token = self.req_to_token_pool.req_to_token
+    causal = getattr(layer, "attn_type", None) != AttentionType.ENCODER_ONLY
+    qv = q.view(-1, hq, layer.qk_head_dim)
+    ov = o.view(-1, hq, layer.v_head_dim)
+    # Only the n block queries per request (torch_native's extend path would run all L of them): O(n * L).
+    for i, (row, pre) in enumerate(zip(forward_batch.req_pool_indices.tolist(), forward_batch.seq_lens.tolist())):
+        length = int(pre) + n
+        idx = req_to_token[int(row), :length]
+        qq = qv[i * n : (i + 1) * n].transpose(0, 1).unsqueeze(0)
+        kk = k_cache[idx].transpose(0, 1).unsqueeze(0).to(qq.dtype)
+        vv = v_cache[idx].transpose(0, 1).unsqueeze(0).to(qq.dtype)
+        mask = None
+        if causal:  # query j sits at position pre + j and sees keys 0 .. pre + j
+            mask = torch.arange(length, device=q.device)[None, :] <= (int(pre) + torch.arange(n, device=q.device))[:, None]
+        out = torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, scale=layer.scaling,
+                                                               enable_gqa=hq != hkv)
+        ov[i * n : (i + 1) * n] = out.squeeze(0).transpose(0, 1)
+    return o
+
+
+def register_cpu_adaptations() -> None:
+    """Register every CPU adaptation with SGLang's HookRegistry (call only on the CPU engine)."""
+    from sglang.srt.arg_groups.choices import DRAFT_ATTENTION_BACKEND_CHOICES
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    if CPU_DRAFT_ATTENTION_BACKEND not in DRAFT_ATTENTION_BACKEND_CHOICES:
+        DRAFT_ATTENTION_BACKEND_CHOICES.append(CPU_DRAFT_ATTENTION_BACKEND)
+    HookRegistry.register(f"{_SPEC_HOOK}._handle_dflash", handle_dflash_on_cpu, HookType.AROUND)
+    HookRegistry.register(
+        "sglang.srt.models.dflash.DFlashAttention.__init__", disable_table_qk_norm_rope, HookType.AFTER
+    )
+    HookRegistry.register(
+        "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_extend",
+        torch_native_forward_extend,
+        HookType.AROUND,
+    )
+    install_record_stream_noop()
+    from sglang_specopd.server.cpu.sampling_verify import install as install_sampling_verify
+
+    install_sampling_verify()
+    from sglang_specopd.server.cpu.chain_sampling import install as install_chain_sampling
+
+    install_chain_sampling()
+    logger.info("sglang-specopd: CPU adaptations registered")

@@ -1,0 +1,168 @@
+"""Validated, versioned, all-or-nothing hot swap of the serving drafter's weights (scheduler side).
+
+``POST /specopd/drafter/swap`` (admin key required) carries either a safetensors body (the drafter checkpoint
+tensors; the safetensors metadata holds ``{"config": <config.json dict>, "version": str}``) or JSON
+``{"path": DIR, "version": str}`` naming a drafter directory the server reads. Before anything changes:
+
+* provenance: ``config.architectures == ["DFlashDraftModel"]`` and the new config describes the SAME drafter
+  (every :class:`~sglang_specopd.wire.drafter_format.DrafterSpec` field equal to the serving drafter's, dtype aside);
+* names: exactly the serving drafter's checkpoint tensor names (no missing, no extra: a target checkpoint, whose
+  layers are called ``model.layers.*``, can never pass, unlike SGLang's own ``update_weights_from_disk``);
+* shapes equal, dtypes floating, values finite; ``sha256`` of the body checked when given.
+
+Then the weights are loaded with the draft model's own ``load_weights`` (fused q/k/v and gate/up handled by
+SGLang), the DFLASH fused context-KV helper (pre-stacked weight copies on GPU) is rebuilt, and the version is
+bumped. Any failure while loading restores the previous weights (rollback) and serving goes on. The swap runs
+in the scheduler between batches: in-flight requests continue with the new drafter on their next verify step
+(their draft KV still holds the old drafter's context projections until they finish; outputs stay exact since
+the target verifies every token). Cached prefixes hold draft KV of the previous drafter too, so after a swap
+the radix cache is flushed when the scheduler is idle (reply ``cache_flushed``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Dict, Tuple
+
+import torch
+
+from sglang_specopd.server.control import op
+
+_STATE = {"version": "initial", "swaps": 0, "spec": None}
+
+
+def current_version() -> str:
+    return _STATE["version"]
+
+
+def _worker(scheduler):
+    worker = getattr(scheduler, "draft_worker", None)
+    if worker is None or not hasattr(worker, "draft_model"):
+        raise ValueError("this server has no DFlash drafter to swap (start it with a SPECOPD/DFLASH drafter)")
+    return worker
+
+
+def _serving_spec(scheduler):
+    from sglang_specopd.wire.drafter_format import read_drafter_spec
+
+    if _STATE["spec"] is None:
+        path = scheduler.server_args.speculative_draft_model_path
+        _STATE["spec"] = read_drafter_spec(path)
+    return _STATE["spec"]
+
+
+def _same_drafter(a, b) -> list:
+    from dataclasses import fields
+
+    return [f.name for f in fields(a) if f.name != "dtype" and getattr(a, f.name) != getattr(b, f.name)]
+
+
+def validate_swap(serving_spec, config: dict, tensors: Dict[str, torch.Tensor]) -> None:
+    """Raise ``ValueError`` with the first problem if ``(config, tensors)`` is not a drop-in for the serving drafter."""
+    from sglang_specopd.wire.drafter_format import expected_tensors, spec_from_config
+
+    if not isinstance(config, dict):
+        raise ValueError(f"refused: the drafter config must be a JSON object, got {type(config).__name__}")
+    if config.get("architectures") != ["DFlashDraftModel"]:
+        raise ValueError(f"refused: config.architectures is {config.get('architectures')!r}, not "
+                         "['DFlashDraftModel'] (is this a target checkpoint?)")
+    try:
+        spec = spec_from_config(config)
+    except ValueError as exc:
+        raise ValueError(f"refused: invalid drafter config: {exc}") from None
+    diff = _same_drafter(serving_spec, spec)
+    if diff:
+        raise ValueError(f"refused: the new drafter differs from the serving one in {', '.join(diff)}")
+    want = expected_tensors(serving_spec)
+    missing = sorted(set(want) - set(tensors))
+    extra = sorted(set(tensors) - set(want))
+    if missing or extra:
+        raise ValueError(f"refused: tensor names differ from the serving drafter (missing {missing[:5]}, "
+                         f"unexpected {extra[:5]})")
+    for name, t in tensors.items():
+        if tuple(t.shape) != tuple(want[name]):
+            raise ValueError(f"refused: {name} has shape {tuple(t.shape)}, expected {tuple(want[name])}")
+        if not t.dtype.is_floating_point:
+            raise ValueError(f"refused: {name} has dtype {t.dtype}, expected a floating dtype")
+        if not torch.isfinite(t).all():
+            raise ValueError(f"refused: {name} has non-finite values")
+
+
+def apply_swap(worker, tensors: Dict[str, torch.Tensor]) -> None:
+    """Load ``tensors`` into the serving draft model; on any error restore the previous weights and re-raise."""
+    model = worker.draft_model
+    params = dict(model.named_parameters())
+    backup = {n: p.detach().clone() for n, p in params.items()}
+    try:
+        with torch.no_grad():
+            model.load_weights(iter(tensors.items()))
+        if getattr(worker, "_fused_kv_helper", None) is not None:
+            worker._init_fused_kv_helper()
+    except BaseException:
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(backup[n])
+        if getattr(worker, "_fused_kv_helper", None) is not None:
+            worker._init_fused_kv_helper()
+        raise
+
+
+def _read_request(payload: bytes) -> Tuple[dict, Dict[str, torch.Tensor], str]:
+    from safetensors.torch import load_file
+
+    from sglang_specopd.wire.protocol import decode_tensors
+
+    if payload[:1] == b"{":
+        req = json.loads(payload)
+        if not isinstance(req, dict) or not isinstance(req.get("path"), str):
+            raise ValueError('refused: a JSON swap request must be {"path": DIR, "version": str (optional)}')
+        path = Path(req["path"])
+        try:
+            config = json.loads((path / "config.json").read_text())
+            tensors = load_file(str(path / "model.safetensors"))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"refused: cannot read drafter directory {path}: {exc}") from None
+        except Exception as exc:  # safetensors' own errors on truncated files
+            raise ValueError(f"refused: cannot read {path / 'model.safetensors'}: {exc}") from None
+        return config, tensors, str(req.get("version") or path.name)
+    digest = hashlib.sha256(payload).hexdigest()
+    tensors, header = decode_tensors(payload)
+    want = header.get("sha256_of_tensors")
+    if want:
+        from sglang_specopd.wire.protocol import tensors_digest
+
+        got = tensors_digest(tensors)
+        if got != want:
+            raise ValueError(f"refused: checksum mismatch (sent {want[:12]}..., received {got[:12]}...)")
+    return header.get("config") or {}, tensors, str(header.get("version") or digest[:12])
+
+
+@op("swap_drafter")
+def swap_drafter_op(scheduler, payload: bytes):
+    """Scheduler op: validate then apply a drafter swap; reply JSON {version, previous_version, swaps}."""
+    worker = _worker(scheduler)
+    config, tensors, version = _read_request(payload)
+    validate_swap(_serving_spec(scheduler), config, tensors)
+    apply_swap(worker, tensors)
+    previous = _STATE["version"]
+    _STATE["version"], _STATE["swaps"] = version, _STATE["swaps"] + 1
+    # The radix cache keeps the draft KV (context projections) the previous drafter computed for cached prefixes;
+    # new requests would reuse it. Drop it when nothing is running (SGLang refuses to flush a busy scheduler).
+    flushed = bool(scheduler.flush_cache()) if hasattr(scheduler, "flush_cache") else False
+    return 200, "ok", json.dumps({"version": version, "previous_version": previous,
+                                  "swaps": _STATE["swaps"], "cache_flushed": flushed}).encode()
+
+
+@op("drafter_info")
+def drafter_info_op(scheduler, payload: bytes):
+    """Scheduler op: the serving drafter's version, swap count, path and spec."""
+    from sglang_specopd.wire.drafter_format import spec_to_dict
+
+    worker = getattr(scheduler, "draft_worker", None)
+    info = {"version": _STATE["version"], "swaps": _STATE["swaps"], "has_drafter": worker is not None}
+    if worker is not None and hasattr(worker, "draft_model"):
+        info["path"] = scheduler.server_args.speculative_draft_model_path
+        info["spec"] = spec_to_dict(_serving_spec(scheduler))
+    return 200, "ok", json.dumps(info).encode()

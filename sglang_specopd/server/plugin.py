@@ -1,0 +1,69 @@
+"""SGLang general-plugin entry point (``[project.entry-points."sglang.srt.plugins"] specopd``).
+
+SGLang calls :func:`register` early in every server process (launcher, tokenizer manager, scheduler,
+detokenizer). It registers the SPECOPD speculative algorithm, the trace-carrying output streamer, and, only on
+SGLang's CPU engine, the CPU adaptations in :mod:`sglang_specopd.server.cpu.patches`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Dict, Optional
+
+logger = logging.getLogger("sglang_specopd")
+
+
+def register() -> None:
+    """Register everything sglang-specopd adds to SGLang (idempotent)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from sglang_specopd.server.algorithm import register_algorithm
+    from sglang_specopd.server.cpu import cpu_engine_enabled
+
+    if cpu_engine_enabled():
+        from sglang_specopd.server.cpu.patches import register_cpu_adaptations
+
+        register_cpu_adaptations()
+    from sglang_specopd.server.fixes import register_fixes
+
+    register_fixes()
+    register_algorithm()
+    import sglang_specopd.server.hot_swap  # noqa: F401  (registers the swap_drafter / drafter_info ops)
+    from sglang_specopd.server.control import register_control
+    from sglang_specopd.server.routes import register_routes
+    from sglang_specopd.server.scoring import register_scoring
+
+    register_control()
+    register_scoring()
+    register_routes()
+    from sglang_specopd.server.streamer import get_output_streamer_class
+
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler.Scheduler.get_output_streamer_class",
+        get_output_streamer_class,
+        HookType.REPLACE,
+    )
+    logger.info("sglang-specopd plugin registered")
+
+
+def launch_environment(device: str, base: Optional[Dict[str, str]] = None, prefix_cache_mb: int = 0) -> Dict[str, str]:
+    """Environment for the SGLang process: the score_trees prefix cache's size (``SPECOPD_PREFIX_CACHE_MB``) and,
+    on CPU, the CPU engine and the ``sgl_kernel`` stand-in."""
+    from sglang_specopd.server.prefix_cache import ENV_VAR
+
+    env = dict(os.environ if base is None else base)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env[ENV_VAR] = str(int(prefix_cache_mb))
+    if device == "cpu":
+        from sglang_specopd.server.cpu import STANDIN_DIR
+
+        env["SGLANG_USE_CPU_ENGINE"] = "1"
+        # Measured on the 2-core CI machine: with one OpenMP thread per core (busy-waiting), a server that shares
+        # the cores with a trainer or another server ran ~13x slower than with one thread (3 x 48 SmolLM2 fp32
+        # tokens: 155-161 s vs 12 s). Override with SPECOPD_CPU_SERVER_THREADS (or an explicit OMP_NUM_THREADS).
+        threads = env.get("SPECOPD_CPU_SERVER_THREADS") or env.get("OMP_NUM_THREADS") or "1"
+        env["OMP_NUM_THREADS"] = threads
+        parts = [str(STANDIN_DIR)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env["PYTHONPATH"] = os.pathsep.join(parts)
+    return env

@@ -1,0 +1,129 @@
+"""HTTP routes the plugin adds to SGLang's FastAPI app (added by a BEFORE hook on ``launch_server``).
+
+``POST /specopd/drafter/swap`` (admin: SGLang's ADMIN_FORCE level, so ``--admin-api-key`` is required and
+checked by SGLang's own auth middleware) and ``GET /specopd/drafter`` (version and spec of the serving drafter).
+``GET /specopd/prefix_cache`` (the score_trees prefix cache's stats) and ``POST /specopd/prefix_cache/clear``
+(admin, as the swap).
+
+``POST /specopd/score_trees`` (normal auth: SGLang's ``--api-key`` when set): a JSON :class:`ScoreTreesRequest`;
+the reply is ``application/octet-stream`` safetensors bytes (tensors per reference ``ref{i}.*``, JSON header in
+the metadata, decode with :func:`sglang_specopd.wire.protocol.decode_tensors`). Bad input gets HTTP 400/413/422 with a
+reason and the server keeps serving. Payload limit: ``SPECOPD_MAX_PAYLOAD_BYTES`` (default 64 MiB).
+"""
+
+from __future__ import annotations
+
+import os
+
+from fastapi import Request
+
+from sglang_specopd.wire.protocol import (
+    BINARY_CONTENT_TYPE,
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    DRAFTER_INFO_PATH,
+    PREFIX_CACHE_PATH,
+    SCORE_TREES_PATH,
+    SWAP_DRAFTER_PATH,
+)
+
+
+def max_payload_bytes() -> int:
+    return int(os.environ.get("SPECOPD_MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES))
+
+
+def _error(status: int, message: str):
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse({"error": {"code": status, "message": message}}, status_code=status)
+
+
+async def score_trees(request: Request):
+    from pydantic import ValidationError
+
+    from sglang_specopd.server import control
+    from sglang_specopd.wire.protocol import ScoreTreesError, ScoreTreesRequest, request_from_binary
+    from fastapi.responses import Response
+
+    body = await request.body()
+    if len(body) > max_payload_bytes():
+        return _error(413, f"payload of {len(body)} bytes exceeds the limit of {max_payload_bytes()} bytes")
+    try:
+        if request.headers.get("content-type", "").startswith(BINARY_CONTENT_TYPE):
+            req = request_from_binary(body)
+        else:
+            req = ScoreTreesRequest.model_validate_json(body)
+    except ScoreTreesError as exc:
+        return _error(400, str(exc))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        return _error(400, f"invalid score_trees request: {loc}: {first['msg']}" + (
+            f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""))
+    except ValueError as exc:  # malformed binary payload
+        return _error(400, str(exc))
+    reply = await control.call("score_trees", req.model_dump_json().encode())
+    if reply.status != 200:
+        return _error(reply.status, reply.message)
+    return Response(content=reply.payload, media_type=BINARY_CONTENT_TYPE)
+
+
+async def swap_drafter(request: Request):
+    """Admin: swap the serving drafter's weights (see :mod:`sglang_specopd.server.hot_swap`); 200 JSON or 4xx reason."""
+    body = await request.body()
+    if len(body) > max_payload_bytes():
+        return _error(413, f"payload of {len(body)} bytes exceeds the limit of {max_payload_bytes()} bytes")
+    if not body:
+        return _error(400, "empty body: send drafter safetensors bytes or JSON {\"path\": DIR}")
+    return await _json_op("swap_drafter", body)
+
+
+async def _json_op(op_name: str, payload: bytes = b""):
+    """Run a scheduler op whose reply payload is JSON: 200 with that JSON, or the op's status and reason."""
+    import json
+
+    from fastapi.responses import JSONResponse
+
+    from sglang_specopd.server import control
+
+    reply = await control.call(op_name, payload)
+    if reply.status != 200:
+        return _error(reply.status, reply.message)
+    return JSONResponse(json.loads(reply.payload))
+
+
+async def drafter_info(request: Request):
+    """The serving drafter's version, swap count, checkpoint path and spec."""
+    return await _json_op("drafter_info")
+
+
+async def prefix_cache_stats(request: Request):
+    """The score_trees prefix cache: entries, bytes, budget, hits, misses, evictions."""
+    return await _json_op("prefix_cache")
+
+
+async def prefix_cache_clear(request: Request):
+    """Admin: empty the score_trees prefix cache (frees its memory; a benchmark's cold start); returns the stats."""
+    return await _json_op("prefix_cache", b"clear")
+
+
+def add_routes(*args, **kwargs):
+    """BEFORE hook for ``http_server.launch_server``: add the plugin's routes to SGLang's app."""
+    from sglang.srt.entrypoints.http_server import app
+
+    from sglang.srt.utils.auth import AuthLevel, auth_level
+
+    if not any(getattr(r, "path", None) == SCORE_TREES_PATH for r in app.routes):
+        app.add_api_route(SCORE_TREES_PATH, score_trees, methods=["POST"])
+        # ADMIN_FORCE: SGLang's auth middleware requires --admin-api-key (403 when none is configured).
+        app.add_api_route(SWAP_DRAFTER_PATH, auth_level(AuthLevel.ADMIN_FORCE)(swap_drafter), methods=["POST"])
+        app.add_api_route(DRAFTER_INFO_PATH, drafter_info, methods=["GET"])
+        app.add_api_route(PREFIX_CACHE_PATH, prefix_cache_stats, methods=["GET"])
+        app.add_api_route(PREFIX_CACHE_PATH + "/clear", auth_level(AuthLevel.ADMIN_FORCE)(prefix_cache_clear),
+                          methods=["POST"])
+    return None
+
+
+def register_routes() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register("sglang.srt.entrypoints.http_server.launch_server", add_routes, HookType.BEFORE)

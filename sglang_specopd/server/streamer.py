@@ -1,0 +1,40 @@
+"""Carries SPECOPD acceptance traces from the scheduler into each response's ``meta_info``.
+
+Uses SGLang's own extension point for extra per-request output (``SchedulerOutputStreamer``'s
+``has_additional_customized_info`` / ``build_additional_customized_info``); the tokenizer manager appends each
+step's records to ``meta_info["specopd_trace"]`` (only for requests that asked) and the drafter versions that
+proposed for the request to ``meta_info["specopd_drafter_versions"]`` (always, on speculative servers).
+"""
+
+from __future__ import annotations
+
+from sglang_specopd.server.traces import TRACE_KEY, VERSIONS_KEY, take_pending, take_pending_versions, wants_trace
+
+
+def _make_streamer_class():
+    from sglang.srt.managers.scheduler_components.output_streamer import SchedulerOutputStreamer
+
+    class SpecOPDOutputStreamer(SchedulerOutputStreamer):
+        has_additional_customized_info = True
+
+        def should_build_additional_customized_info(self) -> bool:
+            return self.spec_algorithm.is_speculative()
+
+        def build_additional_customized_info(self, reqs):
+            out = {VERSIONS_KEY: [take_pending_versions(r) for r in reqs]}
+            if any(wants_trace(r) for r in reqs):
+                out[TRACE_KEY] = [take_pending(r) for r in reqs]
+            return out
+
+    return SpecOPDOutputStreamer
+
+
+_STREAMER = None
+
+
+def get_output_streamer_class(self):
+    """REPLACE hook for ``Scheduler.get_output_streamer_class``."""
+    global _STREAMER
+    if _STREAMER is None:
+        _STREAMER = _make_streamer_class()
+    return _STREAMER

@@ -1,0 +1,7 @@
+"""Wire protocol: what the trainer and the in-server plugin agree on, and nothing else.
+
+The ``/specopd/*`` request and response models and their binary tensor codec (:mod:`.protocol`), the drafter
+checkpoint format SGLang loads (:mod:`.drafter_format`, :mod:`.drafter_init`), reading a target checkpoint's
+config and safetensors headers (:mod:`.checkpoint_info`) and where prepared files live (:mod:`.home`).
+Imports only :mod:`specopd_kernels` below it (enforced by ``.importlinter``); never SGLang.
+"""

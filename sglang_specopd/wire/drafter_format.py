@@ -1,0 +1,308 @@
+"""The DFlash drafter checkpoint format that SGLang 0.5.23 loads (``--speculative-algorithm DFLASH``).
+
+Pure and import-light (json/struct only): shared by ``specopd drafter``, the trainer and the server hot-swap.
+Verified against ``sglang/srt/models/dflash.py`` (``DFlashDraftModel``) and
+``sglang/srt/speculative/dflash_utils.py`` (``parse_dflash_draft_config``):
+
+* config.json: ``architectures: ["DFlashDraftModel"]`` selects the model class; ``model_type: "qwen3"`` makes
+  ``AutoConfig`` (SGLang's HF config parser) accept it; the Qwen3 fields the draft layers read (hidden_size,
+  num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, intermediate_size, hidden_act,
+  rms_norm_eps, rope_parameters, max_position_embeddings, vocab_size); ``layer_types`` all ``"full_attention"``
+  (no ``is_causal`` key): SGLang then builds ENCODER_ONLY (non-causal) draft attention, as DFlash needs;
+  top-level ``num_target_layers``; ``dflash_config: {block_size, target_layer_ids, mask_token, mask_token_id}``.
+* weights (no bias anywhere; embedding and LM head come from the target): ``layers.{i}.input_layernorm``,
+  ``self_attn.{q,k,v,o}_proj`` (SGLang's ``load_weights`` stacks q/k/v into ``qkv_proj``), ``self_attn.{q,k}_norm``
+  [head_dim], ``post_attention_layernorm``, ``mlp.{gate,up,down}_proj`` (gate/up stacked into ``gate_up_proj``),
+  ``fc.weight`` [H, K*H] with K = len(target_layer_ids), ``hidden_norm.weight``, ``norm.weight``. SGLang silently
+  ignores names it does not know, so a stray tensor is a bug only our checker reports.
+* ``target_layer_ids`` are 0-based target layers whose outputs feed ``fc``; SGLang captures them before layer
+  id+1, so the target's last layer can never be used.
+
+``init_drafter``/``choose_mask_token``/``save_drafter`` live in :mod:`sglang_specopd.wire.drafter_init` and
+``check_drafter``/``Problem``/``DrafterCheckError`` in :mod:`sglang_specopd.app.drafter_check`; both are also
+reachable from this module (lazy re-export).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+DRAFTER_ARCHITECTURE = "DFlashDraftModel"
+DRAFTER_MODEL_TYPE = "qwen3"
+DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}  # our dtype name -> safetensors dtype tag
+_LAZY = {
+    "init_drafter": "drafter_init", "choose_mask_token": "drafter_init", "save_drafter": "drafter_init",
+    "init_drafter_tensors": "drafter_init", "MaskTokenError": "drafter_init",
+    "check_drafter": "drafter_check", "assert_drafter_ok": "drafter_check", "Problem": "drafter_check",
+    "DrafterCheckError": "drafter_check",
+}
+
+
+class DrafterFormatError(ValueError):
+    """Base error of the drafter format. ``problems`` holds ``(code, message)`` pairs, one per defect."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = list(problems)
+        super().__init__("; ".join(msg for _, msg in self.problems))
+
+
+class DrafterSpecError(DrafterFormatError):
+    """A DrafterSpec with invalid values (non-positive sizes, bad target_layer_ids, block_size < 2, ...)."""
+
+
+class DrafterConfigError(DrafterFormatError):
+    """A drafter config.json (or dict) that is malformed, misses keys or holds invalid values."""
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """Target layers whose hidden states feed the drafter: ``round(1 + i*(N-4)/(L-1))`` for i in 0..L-1.
+
+    Same values as SGLang's ``build_target_layer_ids`` (Python ``round``, i.e. half-to-even), spread over target
+    layers 1..N-3. L = 1 gives ``[N // 2]`` (SGLang's choice: one middle layer, the upper middle for even N).
+    The result is strictly increasing and never contains the last layer N-1.
+
+    Raises:
+        DrafterSpecError: L < 1; N < 3 (L = 1) or N < 4 (L >= 2); L > N-3 for L >= 2 (ids would repeat).
+    """
+    n, count = int(num_target_layers), int(num_draft_layers)
+    if count < 1:
+        raise DrafterSpecError([("layer_ids", f"number of context layers must be >= 1, got {count}")])
+    if count == 1:
+        if n < 3:
+            raise DrafterSpecError([("layer_ids", f"a single context layer needs a target with >= 3 layers, got {n}")])
+        return [n // 2]
+    if n < 4 or count > n - 3:
+        raise DrafterSpecError([(
+            "layer_ids",
+            f"cannot spread {count} distinct context layers over target layers 1..{n - 3} of a {n}-layer target; "
+            "use fewer context layers or pass target_layer_ids explicitly",
+        )])
+    return [int(round(1 + i * (n - 4) / (count - 1))) for i in range(count)]
+
+
+def layer_id_problems(ids: Any, num_target_layers: int) -> list[tuple[str, str]]:
+    """Problems of ``target_layer_ids`` for an N-layer target: empty/non-int, out of range, the last layer
+    (N-1), duplicates, not increasing. Returns ``(code, message)`` pairs; empty when valid."""
+    n = int(num_target_layers)
+    if not isinstance(ids, (list, tuple)) or not ids or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                                for i in ids):
+        return [("layer_ids_invalid", f"target_layer_ids must be a non-empty list of ints, got {ids!r}")]
+    out: list[tuple[str, str]] = []
+    for i in ids:
+        if i < 0 or i >= n:
+            out.append(("layer_id_out_of_range", f"target_layer_ids contains {i}: out of range 0..{n - 1} "
+                                                 f"for a {n}-layer target"))
+        elif i == n - 1:
+            out.append(("layer_id_is_last", f"target_layer_ids contains {i}, the target's last layer; SGLang "
+                                            f"captures before layer id+1, so ids must be <= {n - 2}"))
+    if len(set(ids)) != len(ids):
+        out.append(("layer_ids_duplicate", f"target_layer_ids has duplicates: {list(ids)}"))
+    elif list(ids) != sorted(ids):
+        out.append(("layer_ids_unsorted", f"target_layer_ids must be increasing, got {list(ids)}"))
+    return out
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """Everything that fixes a DFlash drafter's config.json and tensor shapes. Validated on construction
+    (raises DrafterSpecError listing every invalid field). ``dtype`` is one of float32, bfloat16, float16."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    vocab_size: int
+    max_position_embeddings: int
+    block_size: int
+    target_layer_ids: tuple[int, ...]
+    mask_token: str
+    mask_token_id: int
+    num_target_layers: int
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "target_layer_ids", tuple(self.target_layer_ids))
+        problems: list[tuple[str, str]] = []
+        for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                     "intermediate_size", "vocab_size", "max_position_embeddings", "num_target_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                problems.append(("invalid_value", f"{name} must be a positive int, got {value!r}"))
+        if problems:
+            raise DrafterSpecError(problems)
+        if self.num_attention_heads % self.num_key_value_heads:
+            problems.append(("invalid_value", f"num_key_value_heads={self.num_key_value_heads} must divide "
+                                              f"num_attention_heads={self.num_attention_heads}"))
+        if not (isinstance(self.block_size, int) and self.block_size >= 2):
+            problems.append(("block_size_too_small", f"block_size must be an int >= 2, got {self.block_size!r}"))
+        if not (isinstance(self.rms_norm_eps, (int, float)) and self.rms_norm_eps > 0 and self.rope_theta > 0):
+            problems.append(("invalid_value", f"rms_norm_eps and rope_theta must be > 0, got "
+                                              f"{self.rms_norm_eps!r}, {self.rope_theta!r}"))
+        if not isinstance(self.mask_token, str) or not self.mask_token:
+            problems.append(("invalid_value", f"mask_token must be a non-empty string, got {self.mask_token!r}"))
+        if not isinstance(self.mask_token_id, int) or not 0 <= self.mask_token_id < self.vocab_size:
+            problems.append(("mask_token_out_of_vocab", f"mask_token_id {self.mask_token_id!r} is outside the "
+                                                        f"vocabulary 0..{self.vocab_size - 1}"))
+        if self.dtype not in DTYPES:
+            problems.append(("invalid_value", f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"))
+        problems += layer_id_problems(list(self.target_layer_ids), self.num_target_layers)
+        if problems:
+            raise DrafterSpecError(problems)
+
+    @property
+    def num_context_features(self) -> int:
+        """K = len(target_layer_ids): ``fc`` maps [K*hidden_size] -> [hidden_size]."""
+        return len(self.target_layer_ids)
+
+
+def expected_tensors(spec: DrafterSpec) -> dict[str, tuple[int, ...]]:
+    """Checkpoint tensor names -> shapes SGLang's ``DFlashDraftModel`` loads for ``spec`` (no biases, no
+    embedding, no LM head). Order: layers by index, then fc, hidden_norm, norm."""
+    h, hd, inter = spec.hidden_size, spec.head_dim, spec.intermediate_size
+    q, kv = spec.num_attention_heads * hd, spec.num_key_value_heads * hd
+    out: dict[str, tuple[int, ...]] = {}
+    for i in range(spec.num_hidden_layers):
+        p = f"layers.{i}."
+        out.update({
+            p + "input_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (q, h),
+            p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.o_proj.weight": (h, q),
+            p + "self_attn.q_norm.weight": (hd,),
+            p + "self_attn.k_norm.weight": (hd,),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "mlp.gate_proj.weight": (inter, h),
+            p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.down_proj.weight": (h, inter),
+        })
+    out["fc.weight"] = (h, spec.num_context_features * h)
+    out["hidden_norm.weight"] = (h,)
+    out["norm.weight"] = (h,)
+    return out
+
+
+def drafter_config(spec: DrafterSpec) -> dict[str, Any]:
+    """The config.json dict for ``spec`` (see the module docstring for why each key is there)."""
+    return {
+        "architectures": [DRAFTER_ARCHITECTURE],
+        "model_type": DRAFTER_MODEL_TYPE,
+        "hidden_size": spec.hidden_size,
+        "num_hidden_layers": spec.num_hidden_layers,
+        "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": spec.num_key_value_heads,
+        "head_dim": spec.head_dim,
+        "intermediate_size": spec.intermediate_size,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "rms_norm_eps": spec.rms_norm_eps,
+        "rope_parameters": {"rope_type": "default", "rope_theta": spec.rope_theta},
+        "max_position_embeddings": spec.max_position_embeddings,
+        "vocab_size": spec.vocab_size,
+        "tie_word_embeddings": False,
+        "layer_types": ["full_attention"] * spec.num_hidden_layers,
+        "use_sliding_window": False,
+        "num_target_layers": spec.num_target_layers,
+        "dflash_config": {
+            "block_size": spec.block_size,
+            "target_layer_ids": list(spec.target_layer_ids),
+            "mask_token": spec.mask_token,
+            "mask_token_id": spec.mask_token_id,
+        },
+        "dtype": spec.dtype,
+    }
+
+
+def write_drafter_config(spec: DrafterSpec, out_dir: str | os.PathLike[str]) -> Path:
+    """Atomically write ``drafter_config(spec)`` to ``out_dir/config.json`` (dir created); return the path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=".config.", suffix=".json")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(drafter_config(spec), fh, indent=2)
+        fh.write("\n")
+    os.replace(tmp, out / "config.json")
+    return out / "config.json"
+
+
+def spec_from_config(cfg: Mapping[str, Any]) -> DrafterSpec:
+    """Parse a drafter config.json dict (as written by :func:`drafter_config`) into a DrafterSpec.
+
+    Raises:
+        DrafterConfigError: not a dict, wrong ``architectures``, missing keys (all listed), or invalid values.
+    """
+    if not isinstance(cfg, Mapping):
+        raise DrafterConfigError([("config_malformed",
+                                   f"config.json must hold a JSON object, got {type(cfg).__name__}")])
+    problems: list[tuple[str, str]] = []
+    if cfg.get("architectures") != [DRAFTER_ARCHITECTURE]:
+        problems.append(("config_invalid", f"architectures must be [{DRAFTER_ARCHITECTURE!r}], "
+                                           f"got {cfg.get('architectures')!r}"))
+    dflash = cfg.get("dflash_config")
+    if not isinstance(dflash, Mapping):
+        problems.append(("config_key_missing", "config.json is missing key dflash_config (an object)"))
+    rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), Mapping) else {}
+    values: dict[str, Any] = {}
+    for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                 "intermediate_size", "rms_norm_eps", "vocab_size", "max_position_embeddings", "num_target_layers",
+                 "dtype"):
+        if name in cfg:
+            values[name] = cfg[name]
+        else:
+            problems.append(("config_key_missing", f"config.json is missing key {name}"))
+    theta = rope.get("rope_theta", cfg.get("rope_theta"))
+    if theta is None:
+        problems.append(("config_key_missing", "config.json is missing key rope_parameters.rope_theta"))
+    values["rope_theta"] = theta
+    for name in ("block_size", "target_layer_ids", "mask_token", "mask_token_id"):
+        if not isinstance(dflash, Mapping):
+            break
+        if name in dflash:
+            values[name] = dflash[name]
+        else:
+            problems.append(("config_key_missing", f"config.json is missing key dflash_config.{name}"))
+    if problems:
+        raise DrafterConfigError(problems)
+    try:
+        return DrafterSpec(**values)
+    except DrafterSpecError as exc:
+        raise DrafterConfigError(exc.problems) from None
+    except TypeError as exc:  # e.g. rope_theta of a non-numeric type compared with 0
+        raise DrafterConfigError([("config_invalid", f"config.json has a value of the wrong type: {exc}")]) from None
+
+
+def read_drafter_spec(drafter_dir: str | os.PathLike[str]) -> DrafterSpec:
+    """Read ``drafter_dir/config.json`` into a DrafterSpec. Raises DrafterConfigError (missing/malformed/invalid)."""
+    path = Path(drafter_dir) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DrafterConfigError([("config_missing", f"{path} does not exist")]) from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise DrafterConfigError([("config_malformed", f"{path} is not valid JSON: {exc}")]) from None
+    return spec_from_config(cfg)
+
+
+def spec_to_dict(spec: DrafterSpec) -> dict[str, Any]:
+    """``dataclasses.asdict(spec)`` with target_layer_ids as a list (JSON-friendly)."""
+    out = asdict(spec)
+    out["target_layer_ids"] = list(spec.target_layer_ids)
+    return out
+
+
+def __getattr__(name: str) -> Any:  # PEP 562 lazy re-exports (avoid import cycles)
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"sglang_specopd.{module}"), name)

@@ -1,0 +1,148 @@
+"""Typed HTTP client for a live sglang-specopd server (the trainer's only way to reach the target).
+
+Retries connection errors and 5xx/503 with exponential backoff, then raises :class:`ServerUnavailableError`;
+4xx replies raise :class:`ServerRequestError` with the server's reason (never retried).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+import httpx
+
+from sglang_specopd.wire.protocol import (
+    BINARY_CONTENT_TYPE,
+    SCORE_TREES_PATH,
+    ScoreTreesRequest,
+    decode_tensors,
+)
+
+
+class ServerError(RuntimeError):
+    """Base class for errors talking to the server."""
+
+
+class ServerUnavailableError(ServerError):
+    """The server could not be reached or kept failing after all retries."""
+
+
+class ServerRequestError(ServerError):
+    """The server rejected the request (HTTP 4xx); ``status`` and the server's ``reason`` are attached."""
+
+    def __init__(self, status: int, reason: str):
+        super().__init__(f"HTTP {status}: {reason}")
+        self.status = status
+        self.reason = reason
+
+
+@dataclass
+class ScoredReference:
+    """Scores for one reference. Rows: anchors first (len A), then nodes (len N) in request order.
+
+    ``topk_ids`` int64 [A+N, k], ``topk_logprobs`` [A+N, k], ``lse`` fp32 [A+N] (log-sum-exp of raw logits),
+    ``hidden`` [A+N, H] (final normed hidden state), ``logprobs`` [A+N, V], ``features`` [P, K*H] (target
+    context features), ``node_anchor`` int64 [N] (index of each node's anchor). Absent fields are None.
+    ``prefix_cache``: "hit" (the server reused this prefix's K/V from an earlier call), "miss" or "off".
+    """
+
+    num_anchors: int
+    num_nodes: int
+    prefix_len: int
+    node_anchor: Any
+    topk_ids: Any = None
+    topk_logprobs: Any = None
+    lse: Any = None
+    hidden: Any = None
+    logprobs: Any = None
+    features: Any = None
+    prefix_cache: str = "off"
+
+
+class SpecOPDClient:
+    """Client for generation, acceptance statistics and tree scoring on one server."""
+
+    def __init__(self, url: str, *, api_key: Optional[str] = None, admin_api_key: Optional[str] = None,
+                 timeout: float = 600.0, retries: int = 4, backoff_s: float = 1.0):
+        self.url = url.rstrip("/")
+        self.retries = retries
+        self.backoff_s = backoff_s
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._admin_key = admin_api_key
+        self._http = httpx.Client(timeout=timeout, headers=headers)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "SpecOPDClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, **kwargs) -> httpx.Response:
+        last: Optional[Exception] = None
+        for attempt in range(self.retries + 1):
+            try:
+                r = self._http.request(method, self.url + path, **kwargs)
+            except httpx.TransportError as exc:
+                last = exc
+            else:
+                if r.status_code < 500:
+                    if r.status_code >= 400:
+                        try:
+                            body = r.json()
+                            err = body.get("error") if isinstance(body, dict) else None
+                            # ours: {"error": {"message": ...}}; SGLang's auth middleware: {"error": "Unauthorized"}
+                            reason = ((err.get("message") if isinstance(err, dict) else err)
+                                      or (body.get("message") if isinstance(body, dict) else None) or r.text)
+                        except ValueError:
+                            reason = r.text
+                        raise ServerRequestError(r.status_code, str(reason))
+                    return r
+                last = ServerError(f"HTTP {r.status_code}: {r.text[:300]}")
+            if attempt < self.retries:
+                time.sleep(self.backoff_s * 2**attempt)
+        raise ServerUnavailableError(f"{method} {self.url}{path} failed after {self.retries + 1} attempts: {last}")
+
+    def generate(self, input_ids: List[int], *, max_new_tokens: int, temperature: float = 0.0,
+                 trace: bool = False, **sampling) -> Dict[str, Any]:
+        """``/generate`` for one prompt; returns SGLang's JSON (``output_ids``, ``meta_info`` with acceptance stats)."""
+        params = {"max_new_tokens": max_new_tokens, "temperature": temperature, **sampling}
+        if trace:
+            params["custom_params"] = {"specopd_trace": True}
+        return self._request("POST", "/generate", json={"input_ids": input_ids, "sampling_params": params}).json()
+
+    def score_trees(self, req: ScoreTreesRequest) -> List[ScoredReference]:
+        """``POST /specopd/score_trees``; one :class:`ScoredReference` per request reference."""
+        r = self._request("POST", SCORE_TREES_PATH, content=req.model_dump_json(),
+                          headers={"Content-Type": "application/json"})
+        if not r.headers.get("content-type", "").startswith(BINARY_CONTENT_TYPE):
+            raise ServerError(f"unexpected content type {r.headers.get('content-type')!r}")
+        tensors, header = decode_tensors(r.content)
+        out = []
+        for i, meta in enumerate(header["references"]):
+            p = f"ref{i}."
+            out.append(ScoredReference(
+                num_anchors=meta["num_anchors"], num_nodes=meta["num_nodes"], prefix_len=meta["prefix_len"],
+                node_anchor=tensors[p + "node_anchor"], prefix_cache=meta.get("prefix_cache", "off"),
+                **{k: tensors.get(p + k) for k in ("topk_ids", "topk_logprobs", "lse", "hidden", "logprobs",
+                                                    "features")}))
+        return out
+
+    def prefix_cache(self, clear: bool = False) -> Dict[str, int]:
+        """The server's score_trees prefix cache stats (entries, bytes, budget_bytes, hits, misses, evictions);
+        ``clear=True`` empties it first (admin: needs ``admin_api_key``)."""
+        from sglang_specopd.wire.protocol import PREFIX_CACHE_PATH
+
+        if not clear:
+            return self._request("GET", PREFIX_CACHE_PATH).json()
+        headers = {"Authorization": f"Bearer {self._admin_key}"} if self._admin_key else {}
+        return self._request("POST", PREFIX_CACHE_PATH + "/clear", headers=headers).json()
+
+    def context_features(self, input_ids: List[int], layer_ids: List[int], dtype: str = "float32"):
+        """Target context features [P, K*H] for one sequence (SGLang's DFlash capture convention)."""
+        req = ScoreTreesRequest(references=[{"input_ids": input_ids}], block_size=2, returns=[],
+                                feature_layer_ids=list(layer_ids), output_dtype=dtype)
+        return self.score_trees(req)[0].features
