@@ -6,13 +6,7 @@ and trainer-only hosts stay fast and never load SGLang unless a subcommand needs
 
 from __future__ import annotations
 
-import typer
-
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Train and serve DFlash-family drafters on SGLang.")
-models_app = typer.Typer(no_args_is_help=True, help="Prepare target models (offline).")
-drafter_app = typer.Typer(no_args_is_help=True, help="Create and validate DFlash drafter checkpoints.")
-app.add_typer(models_app, name="models")
-app.add_typer(drafter_app, name="drafter")
+from sglang_specopd.app.cli_apps import app, drafter_app, models_app  # noqa: F401  (re-exported)
 
 
 def _register_subcommands() -> None:

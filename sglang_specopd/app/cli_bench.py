@@ -14,7 +14,7 @@ from typing import List, Optional
 
 import typer
 
-from sglang_specopd.app.cli import app
+from sglang_specopd.app.cli_apps import app
 
 bench_app = typer.Typer(no_args_is_help=True, help="Serving benchmarks and the benchmark report.")
 app.add_typer(bench_app, name="bench")

@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from sglang_specopd.app.cli import app
+from sglang_specopd.app.cli_apps import app
 
 
 @app.command("demo")

@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from sglang_specopd.app.cli import drafter_app
+from sglang_specopd.app.cli_apps import drafter_app
 
 
 class _DType(str, enum.Enum):

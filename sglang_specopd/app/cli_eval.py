@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from sglang_specopd.app.cli import app
+from sglang_specopd.app.cli_apps import app
 
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate drafters against a running server.")
 app.add_typer(eval_app, name="eval")

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from sglang_specopd.app.cli import models_app
+from sglang_specopd.app.cli_apps import models_app
 
 
 class _DType(str, enum.Enum):

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from sglang_specopd.app.cli import app
+from sglang_specopd.app.cli_apps import app
 
 
 @app.command("serve")

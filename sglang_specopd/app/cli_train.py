@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from sglang_specopd.app.cli import app
+from sglang_specopd.app.cli_apps import app
 # the shared machinery lives in train_options / train_session / train_data; every name is re-exported here
 from sglang_specopd.app.train_data import (  # noqa: F401
     _RESUMABLE_CHANGES, _check_run_config, _load_prompts, _load_sequences, _parse_domains, _rank_zero_first, _record)
