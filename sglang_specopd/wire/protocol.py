@@ -92,6 +92,7 @@ class ScoreTreesRequest(BaseModel):
     output_dtype: Literal["float32", "bfloat16"] = "float32"
 
 
+
 class ScoreTreesError(ValueError):
     """A score_trees request that is well-formed JSON but invalid for this target (HTTP 400 with the reason)."""
 
@@ -100,7 +101,8 @@ def validate_request(req: ScoreTreesRequest, vocab_size: int, num_layers: int) -
     """Check everything the server checks before any forward; raise :class:`ScoreTreesError` with the reason.
 
     Token ids in [0, vocab); anchor < len(input_ids); every branch / tree path of length <= block_size - 1;
-    parents in [-1, index) (no cycles or forward references); feature layer ids in [0, num_layers - 1).
+    parents in [-1, index) (no cycles or forward references); feature layer ids in [0, num_layers - 1),
+    strictly increasing.
     """
     for i, ref in enumerate(req.references):
         P = len(ref.input_ids)
@@ -134,6 +136,11 @@ def validate_request(req: ScoreTreesRequest, vocab_size: int, num_layers: int) -
     for lid in req.feature_layer_ids:
         if not 0 <= lid < num_layers - 1:
             raise ScoreTreesError(f"feature layer id {lid} outside [0, {num_layers - 1}) (the last layer is excluded)")
+    ids = req.feature_layer_ids
+    if any(b <= a for a, b in zip(ids, ids[1:])):
+        # the features come back one block per layer in ascending layer order: an unsorted or repeated list would
+        # be answered in another order than asked, so it is refused instead
+        raise ScoreTreesError(f"feature_layer_ids must be strictly increasing (sorted, no repeats), got {ids}")
 
 
 def encode_tensors(tensors: Dict[str, "object"], header: Optional[dict] = None) -> bytes:
@@ -205,14 +212,17 @@ def request_from_binary(data: bytes) -> ScoreTreesRequest:
             parts[name] = t.tolist()
         if not (len(parts["node_tokens"]) == len(parts["node_parents"]) == len(parts["node_anchor"])):
             raise ScoreTreesError(f"ref{i}: node_tokens, node_parents and node_anchor differ in length")
-        trees = []
-        for j, a in enumerate(parts["anchors"]):
-            idx = [k for k, o in enumerate(parts["node_anchor"]) if o == j]
-            trees.append({"anchor": a, "tokens": [parts["node_tokens"][k] for k in idx],
-                          "parents": [parts["node_parents"][k] for k in idx]})
-        bad = [o for o in parts["node_anchor"] if not 0 <= o < len(parts["anchors"])]
+        n_anchors = len(parts["anchors"])
+        bad = [o for o in parts["node_anchor"] if not 0 <= o < n_anchors]
         if bad:
             raise ScoreTreesError(f"ref{i}: node_anchor {bad[0]} does not index an anchor")
+        # one pass over the nodes (linear in the request size): bucket each node under its anchor, in order
+        tokens: List[List[int]] = [[] for _ in range(n_anchors)]
+        parents: List[List[int]] = [[] for _ in range(n_anchors)]
+        for tok, par, owner in zip(parts["node_tokens"], parts["node_parents"], parts["node_anchor"]):
+            tokens[owner].append(tok)
+            parents[owner].append(par)
+        trees = [{"anchor": a, "tokens": tokens[j], "parents": parents[j]} for j, a in enumerate(parts["anchors"])]
         refs.append({"input_ids": parts["input_ids"], "trees": trees})
     return ScoreTreesRequest.model_validate({**header, "references": refs})
 
