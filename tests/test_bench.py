@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 import threading
 import time
@@ -282,7 +283,7 @@ def _level(c: int, spec_tps: float, base_tps: float, tau: float, step: float, tp
 def test_report_from_synthetic_results(tmp_path: Path) -> None:
     from PIL import Image
 
-    from sglang_specopd.app.bench.report import README_END, README_START, build_report
+    from sglang_specopd.app.bench.report import README_END, README_START, SUMMARY_END, SUMMARY_START, build_report
 
     results = tmp_path / "results"
     results.mkdir()
@@ -300,6 +301,7 @@ def test_report_from_synthetic_results(tmp_path: Path) -> None:
     readme = tmp_path / "README.md"
     readme.write_text(f"# Title\n\nbefore\n{README_START}\nold table\n{README_END}\nafter\n")
     res = build_report(results, tmp_path / "bench" / "REPORT.md", readme)
+    assert SUMMARY_START not in readme.read_text()  # the summary block is optional: no markers, no summary
     md = res.markdown.read_text()
     assert ("| 1 | 10.00 | 8.00 | 1.25x | 0.200 | 0.160 | 0.50 / 0.40 | 80.0 / 100.0 | 90.0 / 100.0 | 2.000 | 1.50 "
             "| 0 / 1 |") in md
@@ -321,6 +323,18 @@ def test_report_from_synthetic_results(tmp_path: Path) -> None:
     assert res.readme_updated and text.startswith("# Title\n\nbefore\n") and text.endswith(f"{README_END}\nafter\n")
     assert "old table" not in text and "[bench/REPORT.md](bench/REPORT.md)" in text and "| 1 | 10.00 | 8.00 |" in text
     assert not build_report(results, tmp_path / "bench" / "REPORT.md", readme).readme_updated  # idempotent
+    assert "## Summary" in md and "- **Serving speed-up** (`concurrency_test_cpu.json`): SpecOPD vs plain serving " \
+        "output tokens/s 1.25x / 0.75x at concurrency 1 / 4 (T=0.0); tau 1.200 with drafter `/d/sft`." in md
+    readme.write_text(f"# T\n{SUMMARY_START}\nstale 9.99x\n{SUMMARY_END}\nmid\n{README_START}\n{README_END}\n")
+    assert build_report(results, tmp_path / "bench" / "REPORT.md", readme).readme_updated
+    text = readme.read_text()
+    assert "stale" not in text and "\nmid\n" in text and text.count("- **Serving speed-up**") == 1  # the summary
+    assert text.index("- **Serving speed-up**") < text.index("\nmid\n") < text.index("| 1 | 10.00 | 8.00 |")
+    assert "- **SFT** (`sft_smollm2_cpu.json`): ? training sequences (? response tokens), ? steps; mean tau T0 " \
+        "1.025 -> 1.250, T1 - -> -." in text
+    readme.write_text(f"{README_START}\n{README_END}\n{SUMMARY_START}\nno end\n")
+    with pytest.raises(ValueError, match="needs"):
+        build_report(results, tmp_path / "bench" / "REPORT.md", readme)
     readme.write_text("# no markers\n")
     with pytest.raises(ValueError, match="no .* block"):
         build_report(results, tmp_path / "bench" / "REPORT.md", readme)
@@ -377,6 +391,48 @@ def test_report_sweeps_and_gpu_kernels(tmp_path: Path) -> None:
     assert "| tree loss e2e_fkl_is 1971 rows x 49152 vs expanded | float32 | 0.0000001 (rel) | 0.000000000 | 1.97x |" in md
     assert "399980 draws over 16 tokens, max |frequency - q| 0.0013" in md
     assert "one-hot q: True." in md
+
+
+def test_results_summary_names_each_file_and_reads_its_numbers() -> None:
+    from sglang_specopd.app.bench.report_summary import TREE_SCORING_REDO, results_summary
+
+    results = {
+        "specopd_smollm2_cpu.json": {
+            "acceptance": {"sft_start": {"T0": {"mean": 1.3}, "T1": {"mean": 1.2}},
+                           "specopd": {"T0": {"dialogue": 1.1, "coding": 1.2, "math": 1.3, "agentic": 1.4},
+                                       "T1": {"mean": 1.25}},
+                           "sft_continued": {"T0": {"mean": 1.35}}},
+            "supervised_tokens_per_s": {"specopd": 900.4, "sequential_opd": 120}, "budget_target_tokens": 1000,
+            "supervised_tokens": {"specopd": 990, "sft_continued": 1000}, "eval": {"limit_per_domain": 8},
+            "throughput_ratios": {"end_to_end": 7.33, "target_side": 11.86}},
+        "tree_scoring_cpu.json": {"dtype": "float32", "cases": [
+            {"anchors": 16, "branches": 4, "prefix_len": 512, "ratio": 7.57, "max_abs_logprob_diff": 2e-5},
+            {"anchors": 8, "branches": 4, "prefix_len": 256, "ratio": 1.78, "max_abs_logprob_diff": 1e-5}]},
+        "serve_smollm2_cpu.json": {"greedy_identity_dtype": "float32", "bf16_match_rate": 1 / 3, "prompts": [
+            {"greedy_identical": True}, {"greedy_identical": True}, {"greedy_identical": False}]},
+        "sft_smollm2_big_cpu.json": {"train_sequences": 380, "train_tokens": 50078, "sft": {"steps": 2000},
+                                     "acceptance": {"init": {"T0": {"mean": 1.01}, "T1": {"mean": 1.02}},
+                                                    "sft": {"T0": {"mean": 1.37}, "T1": {"mean": 1.15}}}},
+        "kernels_gpu.json": {"git_commit": "4ef860f6de0d4866ff8c", "device": "NVIDIA H200",
+                             "alpha": [{"speedup": 3.65, "max_abs_alpha_diff": 8e-7}, {"speedup": 7.93}],
+                             "tree_attention": [{"speedup": 9.64}]},
+    }
+    text = "\n".join(results_summary(results))
+    assert "  | SpecOPD | 1.250 | 1.250 | 990 | 900 |" in text and "  | SFT start | 1.300 | 1.200 | - | - |" in text
+    assert "  | continued SFT | 1.350 | - | 1,000 | - |" in text and "equal budgets of 1,000 supervised tokens" in text
+    assert "Supervised tokens/s, SpecOPD over sequential-rollout OPD: 7.3x end to end, 11.9x target side." in text
+    assert ("16 anchors x 4 branches on 512 tokens 7.6x; 8 anchors x 4 branches on 256 tokens 1.8x; max abs "
+            "log-prob difference 2.0e-05 (float32). Note: " + TREE_SCORING_REDO) in text and "#20" in text
+    assert "on 2 of 3 prompts in float32; bf16 match rate 0.33" in text
+    assert ("- **SFT** (`sft_smollm2_big_cpu.json`): 380 training sequences (50,078 response tokens), 2,000 steps; "
+            "mean tau T0 1.010 -> 1.370, T1 1.020 -> 1.150.") in text
+    assert "(`kernels_gpu.json`, NVIDIA H200, commit `4ef860f6de0d`," in text
+    assert "alpha 3.6-7.9x faster than the torch reference (max alpha difference 8.0e-07)" in text
+    assert "grouped tree attention 9.6x vs dense-mask attention" in text and "proposal-tree" not in text
+    assert "Serving speed-up" not in text and "sft_smollm2_cpu.json" not in text  # absent files: no item
+    items = [ln for ln in text.splitlines() if ln.startswith("- **")]
+    assert len(items) == 5 and all(re.search(r"\(`[\w.]+\.json`", ln) for ln in items)  # each names its file
+    assert results_summary({})[-1] == "No result file yet."
 
 
 @pytest.mark.parametrize("readme_text", [None, "# no markers\n"])

@@ -2,6 +2,11 @@
 
 Every result JSON carries ``command``, ``git_commit``, ``created``, ``machine`` and ``versions`` so that it can be
 traced back to the code and machine that produced it; :func:`write_result` adds them and writes atomically.
+
+Results are never overwritten: before a file is replaced by another run, the old one moves to ``history/`` beside
+it (``benchmarks/results/history/<stem>.<created or commit>.json``), so the newest keeps the name the benchmarks
+and the report use and every earlier measurement stays on disk. A process that rewrites a file it wrote itself
+(a sweep saving after every arm) replaces it in place. :func:`save_figure` does the same for plots.
 """
 
 from __future__ import annotations
@@ -9,13 +14,17 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Optional, Set
+
+HISTORY_DIR = "history"
+_WRITTEN: Set[Path] = set()  # files this process wrote: rewriting them replaces in place (no history entry)
 
 
 def _cpu_model() -> str:
@@ -59,11 +68,15 @@ def versions() -> Dict[str, Any]:
 
 
 def git_commit(repo: Path | None = None) -> str | None:
-    """HEAD commit of the repository holding this file (None outside git); '+dirty' if uncommitted changes."""
+    """HEAD commit of the repository holding this file (None outside git).
+
+    '+dirty' is appended when the working tree differs from HEAD: modified or staged tracked files, or untracked
+    files that are not git-ignored (a new module the run imported counts as much as an edited one).
+    """
     repo = repo or Path(__file__).resolve().parents[2]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=normal"], cwd=repo,
                                capture_output=True, text=True).stdout.strip()
         return head.stdout.strip() + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
@@ -81,15 +94,99 @@ def result_header(command: str | None = None) -> Dict[str, Any]:
     }
 
 
+def _stamp(text: str) -> Optional[str]:
+    """ISO 8601 time -> ``20261129T183020Z`` (UTC); None if ``text`` is not a time."""
+    try:
+        t = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    t = t.astimezone(timezone.utc) if t.tzinfo else t
+    return t.strftime("%Y%m%dT%H%M%SZ")
+
+
+def history_tag(path: str | Path) -> str:
+    """The tag naming ``path``'s history entry: its ``created`` time, else its ``git_commit``, else its mtime.
+
+    ``created`` and ``git_commit`` are read only from a JSON object file; the commit is shortened to 12 hex digits
+    (``+dirty`` kept as ``-dirty``). Raises OSError if ``path`` cannot be read.
+    """
+    path = Path(path)
+    if path.suffix == ".json":
+        try:
+            data = json.loads(path.read_text())
+        except ValueError:
+            data = None
+        if isinstance(data, dict):
+            tag = _stamp(data["created"]) if data.get("created") else None
+            if tag is None and data.get("git_commit"):
+                commit = str(data["git_commit"])
+                tag = commit.split("+")[0][:12] + ("-dirty" if commit.endswith("+dirty") else "")
+            if tag and re.fullmatch(r"[0-9A-Za-z._-]+", tag):
+                return tag
+    mtime = datetime.fromtimestamp(path.stat().st_mtime, tz=timezone.utc)
+    return mtime.strftime("%Y%m%dT%H%M%SZ")
+
+
+def archive_existing(path: str | Path) -> Optional[Path]:
+    """Move ``path`` (if it exists) to ``<its dir>/history/<stem>.<tag><suffix>``; return the new path or None.
+
+    ``tag`` is :func:`history_tag`. An existing history file is never replaced: a second entry with the same tag
+    gets ``.2``, ``.3``, ... before the suffix. Raises OSError if the move fails.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return None
+    hist = path.parent / HISTORY_DIR
+    hist.mkdir(parents=True, exist_ok=True)
+    base = f"{path.stem}.{history_tag(path)}"
+    dest, n = hist / f"{base}{path.suffix}", 1
+    while True:
+        try:  # O_EXCL claim: two writers never pick the same name
+            os.close(os.open(dest, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            break
+        except FileExistsError:
+            n += 1
+            dest = hist / f"{base}.{n}{path.suffix}"
+    os.replace(path, dest)
+    return dest
+
+
+def _claim(path: Path) -> None:
+    """Archive ``path``'s previous version unless this process wrote it; remember that it now did."""
+    key = path.resolve()
+    if key not in _WRITTEN:
+        archive_existing(path)
+    _WRITTEN.add(key)
+
+
+def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
+    """``fig.savefig(path, dpi=dpi)`` after moving an earlier run's file at ``path`` to ``history/``; the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _claim(path)
+    fig.savefig(path, dpi=dpi)
+    return path
+
+
 def write_result(path: str | Path, payload: Dict[str, Any], command: str | None = None) -> Path:
-    """Write ``result_header(command) | payload`` as indented JSON, atomically; return the path."""
+    """Write ``result_header(command) | payload`` as indented JSON, atomically; return the path.
+
+    A file already at ``path`` from another run first moves to ``history/`` beside it (:func:`archive_existing`);
+    one this process wrote is replaced in place. Raises OSError if the directory cannot be written and TypeError
+    if ``payload`` is not JSON-serialisable (then nothing is moved or written).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {**result_header(command), **payload}
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=2)
-        fh.write("\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=2)
+            fh.write("\n")
+        os.chmod(tmp, 0o644)
+        _claim(path)  # only once the new result is complete on disk
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path

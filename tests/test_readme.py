@@ -1,0 +1,102 @@
+"""README.md: numbers in its prose come from result files.
+
+Outside the blocks ``specopd bench report --readme`` generates (which read every number from a result file) and
+outside code, a number may appear only in a paragraph, list item or table row that names the file it comes from
+(a path with an extension: ``specopd_smollm2_cpu.json``, ``server_configs/cpu-smollm2.yaml``). A heuristic:
+numbers glued to letters (``Qwen3-8B``, ``SmolLM2``, ``bf16``, ``H200``), after ``=`` or ``#`` (``T=0``,
+``#20``) or inside identifiers in inline code (``sglang==0.5.23``, ``--steps 256``) are names, not measurements.
+Inline code that is only a measurement (``1.42x``) still counts.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import List
+
+from sglang_specopd.app.bench.report_readme import BLOCKS
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+NUMBER = re.compile(r"(?<![\w.\-/#=~^])\d+(?:[.,]\d+)*(?:x|%|s|ms|min|h|k|GB|GiB|MB|MiB)?(?![\w])")
+MEASUREMENT_CODE = re.compile(r"`\s*[~+-]?\d+(?:[.,]\d+)*\s*(?:x|%|s|ms|min|h|k|GB|GiB|MB|MiB)?\s*`")
+FILE_REF = re.compile(r"[\w./-]+\.(?:json|jsonl|png|py|yaml|yml|md|toml|sh)\b")
+LIST_ITEM = re.compile(r"^(\s*)(?:[-*+]|\d+[.)])\s+")
+
+
+def _strip_generated_and_code(text: str) -> str:
+    for start, end in BLOCKS:
+        while start in text and end in text[text.index(start):]:
+            i = text.index(start)
+            j = text.index(end, i) + len(end)
+            text = text[:i] + text[j:]
+    text = re.sub(r"^```.*?^```[^\n]*$", "", text, flags=re.S | re.M)  # fenced code
+    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)  # comments
+    return re.sub(r"\]\([^)]*\)", "]", text)  # link targets
+
+
+def _units(text: str) -> List[str]:
+    """Paragraphs, list items (with their continuation lines) and table rows, list markers removed."""
+    units: List[str] = []
+    cur: List[str] = []
+
+    def flush() -> None:
+        if cur:
+            units.append(" ".join(cur))
+            cur.clear()
+
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            flush()
+            if line.strip():
+                units.append(line.lstrip("# "))  # a heading is its own unit
+        elif line.lstrip().startswith("|"):
+            flush()
+            units.append(line)
+        elif LIST_ITEM.match(line):
+            flush()
+            cur.append(LIST_ITEM.sub("", line))
+        else:
+            cur.append(line)
+    flush()
+    return units
+
+
+def unsourced_numbers(text: str) -> List[str]:
+    """The units of ``text`` (outside generated blocks and code) with a number but no file named."""
+    bad = []
+    for unit in _units(_strip_generated_and_code(text)):
+        measurement_code = MEASUREMENT_CODE.findall(unit)
+        prose = re.sub(r"`[^`]*`", " ", unit)  # identifiers, flags, paths in inline code
+        if (NUMBER.search(prose) or measurement_code) and not FILE_REF.search(unit):
+            bad.append(unit.strip())
+    return bad
+
+
+def test_checker_flags_unsourced_numbers_and_accepts_sourced_ones() -> None:
+    start, end = BLOCKS[0]
+    flagged = unsourced_numbers(
+        "# Title\n\nSpecOPD is 1.42x faster.\n\n- coding tau 1.57\n  over 8 prompts\n\n| arm | 1.409 |\n\n"
+        "It took 20 minutes.\n\nA speed-up of `7.3x`.\n\n1. first step\n2. then 3 more\n")
+    assert flagged == ["SpecOPD is 1.42x faster.", "coding tau 1.57   over 8 prompts", "| arm | 1.409 |",
+                       "It took 20 minutes.", "A speed-up of `7.3x`.", "then 3 more"]
+    assert unsourced_numbers(
+        "SpecOPD 1.409 / 1.283 (`specopd_smollm2_cpu.json`).\n\n- block 8 (server_configs/cpu-smollm2.yaml)\n\n"
+        f"{start}\n| 1 | 13.05 | 1.02x |\n{end}\n\n```bash\nspecopd train --steps 256\n```\n\n"
+        "Qwen3-8B, SmolLM2-135M, bf16, an H200, T=0, T0/T1, issue #20, `sglang==0.5.23`, `--lr 1e-3`, E2E-TV.\n"
+        "[link](https://example.org/v1/2024)\n\n1. a numbered step\n") == []
+
+
+def test_readme_numbers_outside_generated_blocks_name_their_file() -> None:
+    text = README.read_text()
+    for start, end in BLOCKS:
+        assert text.count(start) == 1 and text.count(end) == 1 and text.index(start) < text.index(end)
+    assert unsourced_numbers(text) == []
+
+
+def test_readme_keeps_the_two_setup_commands() -> None:
+    text = README.read_text()
+    assert "```bash\nbash scripts/main.sh\n```" in text and "```bash\nbash scripts/test.sh\n```" in text
+    assert len(text.splitlines()) < 250
+    for doc in ("docs/journal.md", "docs/score_trees.md", "docs/prefix_cache.md", "docs/hot_swap.md",
+                "docs/cpu_adaptations.md", "docs/sampled_drafts.md", "docs/architecture.md"):
+        assert f"]({doc})" in text and (README.parent / doc).is_file(), doc
