@@ -1,6 +1,8 @@
 """``specopd drafter ...`` commands: init, check (attached to :data:`sglang_specopd.app.cli.drafter_app`).
 
 Errors print ``error: ...`` lines (one per problem for ``check``) on stderr and exit with code 2, never a traceback.
+``--arch`` (default ``dflash``) offers the drafter architectures registered in
+:mod:`sglang_specopd.wire.drafter_archs` when this module is imported.
 """
 
 from __future__ import annotations
@@ -12,12 +14,18 @@ from typing import Optional
 import typer
 
 from sglang_specopd.app.cli_apps import drafter_app
+from sglang_specopd.wire.drafter_archs import drafter_arch_names
 
 
 class _DType(str, enum.Enum):
     float32 = "float32"
     bfloat16 = "bfloat16"
     float16 = "float16"
+
+
+# The registered architectures, as choices (an Enum is how Typer shows and checks choices).
+_Arch = enum.Enum("_Arch", {name: name for name in drafter_arch_names()}, type=str)  # type: ignore[misc]
+_ARCH_HELP = "Drafter architecture (a registered name)."
 
 
 def _fail(message: str) -> None:
@@ -57,10 +65,12 @@ def init(
     dtype: _DType = typer.Option(_DType.float32, "--dtype", help="Weight dtype."),
     force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
     home: Optional[Path] = typer.Option(None, "--home", help="specopd home for resolving model names."),
+    arch: _Arch = typer.Option(_Arch("dflash"), "--arch", help=_ARCH_HELP),
 ) -> None:
-    """Create a randomly initialised DFlash drafter for TARGET, check it, and print its directory last."""
+    """Create a randomly initialised drafter (DFlash by default) for TARGET, check it, and print its directory last."""
     from sglang_specopd.wire.checkpoint_info import TargetConfigError
     from sglang_specopd.app.drafter_check import check_drafter, describe
+    from sglang_specopd.wire.drafter_archs import UnknownDrafterArchError
     from sglang_specopd.wire.drafter_format import DrafterFormatError
     from sglang_specopd.wire.drafter_init import DrafterInitError, init_drafter
 
@@ -73,10 +83,11 @@ def init(
             _fail(f"--target-layer-ids must be comma-separated integers, got {layer_ids!r}")
     try:
         spec = init_drafter(target_dir, out, block_size=block_size, num_layers=num_layers, seed=seed,
-                            mask_token=mask_token, target_layer_ids=ids, dtype=dtype.value, overwrite=force)
-    except (DrafterFormatError, DrafterInitError, TargetConfigError) as exc:
+                            mask_token=mask_token, target_layer_ids=ids, dtype=dtype.value, overwrite=force,
+                            arch=arch.value)
+    except (DrafterFormatError, DrafterInitError, TargetConfigError, UnknownDrafterArchError) as exc:
         _fail(str(exc))
-    problems = check_drafter(out, target_dir)
+    problems = check_drafter(out, target_dir, arch.value)
     if problems:  # a bug in init itself: report it the same way as `check`
         _report_problems(problems, out)
     typer.echo(f"ok: {describe(spec)}", err=True)
@@ -88,13 +99,15 @@ def check(
     drafter: Path = typer.Argument(..., help="Drafter checkpoint directory."),
     target: str = typer.Option(..., "--target", help="Target: a prepared model name (smollm2) or a HF checkpoint dir."),
     home: Optional[Path] = typer.Option(None, "--home", help="specopd home for resolving model names."),
+    arch: _Arch = typer.Option(_Arch("dflash"), "--arch", help=_ARCH_HELP),
 ) -> None:
-    """Validate DRAFTER against TARGET: exit 0 with an "ok: ..." summary, or exit 2, one "error: ..." per problem."""
+    """Validate DRAFTER (an ARCH drafter) against TARGET: exit 0 with an "ok: ..." summary, or exit 2, one
+    "error: ..." per problem."""
     from sglang_specopd.app.drafter_check import check_drafter, describe
-    from sglang_specopd.wire.drafter_format import read_drafter_spec
+    from sglang_specopd.wire.drafter_archs import load_drafter_spec
 
     target_dir = _resolve(target, home)
-    problems = check_drafter(drafter, target_dir)
+    problems = check_drafter(drafter, target_dir, arch.value)
     if problems:
         _report_problems(problems, drafter)
-    typer.echo(f"ok: {drafter}: {describe(read_drafter_spec(drafter))}")
+    typer.echo(f"ok: {drafter}: {describe(load_drafter_spec(drafter, arch.value))}")

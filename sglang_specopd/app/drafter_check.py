@@ -1,22 +1,23 @@
-"""Validate a DFlash drafter checkpoint against its target, one readable problem per defect.
+"""Validate a drafter checkpoint (any registered architecture) against its target, one readable problem per defect.
 
-Pure (json/struct only, no torch): safe to call in the server before a hot swap. The checks mirror what SGLang
-0.5.23 needs (see :mod:`sglang_specopd.wire.drafter_format`) plus what it silently tolerates but is a bug for us
-(extra tensors, unsorted/duplicate layer ids, a mask token that is not the tokenizer's token for its id).
+Pure (json/struct only, no torch). The architecture's entry in :mod:`sglang_specopd.wire.drafter_archs` parses the
+config and names the tensors; the checks mirror what SGLang 0.5.23 needs (for DFlash see
+:mod:`sglang_specopd.wire.drafter_format`) plus what it silently tolerates but is a bug for us (extra tensors,
+unsorted/duplicate layer ids, a mask token that is not the tokenizer's token for its id).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Optional
 
 from sglang_specopd.wire.checkpoint_info import TargetConfigError, TargetInfo, lookup_token_id, read_safetensors_header
 from sglang_specopd.wire.checkpoint_info import read_target_info
-from sglang_specopd.wire.drafter_format import DTYPES, DrafterConfigError, DrafterSpec, expected_tensors
-from sglang_specopd.wire.drafter_format import layer_id_problems, read_drafter_spec
+from sglang_specopd.wire.drafter_archs import UnknownDrafterArchError, arch_for_config, arch_for_spec
+from sglang_specopd.wire.drafter_archs import get_drafter_arch, load_drafter_spec, parse_drafter_config
+from sglang_specopd.wire.drafter_format import DTYPES, DrafterConfigError, layer_id_problems, read_drafter_config
 
 
 @dataclass(frozen=True)
@@ -40,19 +41,19 @@ class DrafterCheckError(Exception):
         super().__init__(f"drafter {self.drafter_dir} failed {len(self.problems)} check(s):\n{lines}")
 
 
-def _target_problems(cfg: dict[str, Any], info: TargetInfo, target_dir: Path) -> list[Problem]:
+def _target_problems(facts: Mapping[str, Any], info: TargetInfo, target_dir: Path) -> list[Problem]:
+    """Problems of a config's target facts (an entry's ``target_facts``) against the target."""
     out: list[Problem] = []
     for key, want, code in (("hidden_size", info.hidden_size, "hidden_size_mismatch"),
                             ("vocab_size", info.vocab_size, "vocab_mismatch"),
                             ("num_target_layers", info.num_hidden_layers, "num_target_layers_mismatch")):
-        got = cfg.get(key)
+        got = facts.get(key)
         if got is not None and got != want:
             target_key = "num_hidden_layers" if key == "num_target_layers" else key
             out.append(Problem(code, f"{key} {got!r} != target {target_key} {want}"))
-    dflash = cfg.get("dflash_config") if isinstance(cfg.get("dflash_config"), dict) else {}
-    if "target_layer_ids" in dflash:
-        out += [Problem(c, m) for c, m in layer_id_problems(dflash["target_layer_ids"], info.num_hidden_layers)]
-    token, token_id = dflash.get("mask_token"), dflash.get("mask_token_id")
+    if "target_layer_ids" in facts:
+        out += [Problem(c, m) for c, m in layer_id_problems(facts["target_layer_ids"], info.num_hidden_layers)]
+    token, token_id = facts.get("mask_token"), facts.get("mask_token_id")
     if isinstance(token_id, int) and token_id >= info.vocab_size:
         out.append(Problem("mask_token_out_of_vocab",
                            f"mask_token_id {token_id} >= target vocab_size {info.vocab_size}"))
@@ -71,7 +72,7 @@ def _target_problems(cfg: dict[str, Any], info: TargetInfo, target_dir: Path) ->
     return out
 
 
-def _tensor_problems(spec: DrafterSpec, drafter_dir: Path) -> list[Problem]:
+def _tensor_problems(spec: Any, drafter_dir: Path) -> list[Problem]:
     files = sorted(drafter_dir.glob("*.safetensors"))
     if not files:
         return [Problem("weights_missing", f"no *.safetensors file in {drafter_dir}")]
@@ -90,7 +91,7 @@ def _tensor_problems(spec: DrafterSpec, drafter_dir: Path) -> list[Problem]:
             found[name] = info
     if out:
         return out
-    expected = expected_tensors(spec)
+    expected = arch_for_spec(spec).expected_tensors(spec)
     tag = DTYPES[spec.dtype]
     for name, shape in expected.items():
         if name not in found:
@@ -106,15 +107,21 @@ def _tensor_problems(spec: DrafterSpec, drafter_dir: Path) -> list[Problem]:
     return out
 
 
-def check_drafter(drafter_dir: str | os.PathLike[str], target_dir: str | os.PathLike[str]) -> list[Problem]:
+def check_drafter(drafter_dir: str | os.PathLike[str], target_dir: str | os.PathLike[str],
+                  arch: Optional[str] = None) -> list[Problem]:
     """All problems of the drafter at ``drafter_dir`` for the HF target at ``target_dir``; empty list when ok.
 
-    Checks: drafter dir and config.json exist and parse; required keys present and valid (DrafterSpec rules);
+    ``arch`` (a registry name, e.g. ``"dflash"``) is the architecture expected; None accepts any registered one.
+    Checks: drafter dir and config.json exist and parse; ``architectures`` names a registered (the expected)
+    architecture; required keys present and valid (the entry's spec rules, DrafterSpec for DFlash);
     hidden_size / vocab_size / num_target_layers equal the target's; target_layer_ids in range, not the
     target's last layer, no duplicates, increasing; block_size >= 2; mask_token_id < target vocab and equal to the
     tokenizer's id for mask_token; safetensors readable (not truncated); exactly the expected tensor names with the
-    expected shapes and the config's dtype. Never raises for a bad checkpoint (only for programming errors).
+    expected shapes and the config's dtype. Never raises for a bad checkpoint; raises UnknownDrafterArchError
+    for an unregistered ``arch``.
     """
+    if arch is not None:
+        get_drafter_arch(arch)
     d, t = Path(drafter_dir).expanduser(), Path(target_dir).expanduser()
     if not d.is_dir():
         return [Problem("drafter_missing", f"drafter path does not exist: {d}")]
@@ -127,17 +134,15 @@ def check_drafter(drafter_dir: str | os.PathLike[str], target_dir: str | os.Path
             info = read_target_info(t)
         except TargetConfigError as exc:
             problems.append(Problem("target_invalid", str(exc)))
-    spec: DrafterSpec | None = None
+    spec: Any = None
+    cfg: Any = None
     try:
-        spec = read_drafter_spec(d)
+        cfg = read_drafter_config(d)
+        spec = parse_drafter_config(cfg, arch)
     except DrafterConfigError as exc:
         problems += [Problem(code, msg) for code, msg in exc.problems]
-    try:
-        cfg = json.loads((d / "config.json").read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
-        cfg = None
     if info is not None and isinstance(cfg, dict):
-        problems += _target_problems(cfg, info, t)
+        problems += _target_problems(_facts(cfg, arch), info, t)
     if spec is not None:
         problems += _tensor_problems(spec, d)
     unique: dict[tuple[str, str], Problem] = {}
@@ -146,21 +151,31 @@ def check_drafter(drafter_dir: str | os.PathLike[str], target_dir: str | os.Path
     return list(unique.values())
 
 
-def assert_drafter_ok(drafter_dir: str | os.PathLike[str], target_dir: str | os.PathLike[str]) -> DrafterSpec:
+def _facts(cfg: dict[str, Any], arch: Optional[str]) -> dict[str, Any]:
+    """The target facts of ``cfg`` read by the entry it names (else the expected one's, else top-level keys)."""
+    try:
+        entry = arch_for_config(cfg)
+    except UnknownDrafterArchError:
+        if arch is None:
+            return {k: cfg[k] for k in ("hidden_size", "vocab_size", "num_target_layers") if k in cfg}
+        entry = get_drafter_arch(arch)
+    return entry.target_facts(cfg)
+
+
+def assert_drafter_ok(drafter_dir: str | os.PathLike[str], target_dir: str | os.PathLike[str],
+                      arch: Optional[str] = None) -> Any:
     """Return the drafter's spec if :func:`check_drafter` finds nothing; else raise DrafterCheckError."""
-    problems = check_drafter(drafter_dir, target_dir)
+    problems = check_drafter(drafter_dir, target_dir, arch)
     if problems:
         raise DrafterCheckError(drafter_dir, problems)
-    return read_drafter_spec(drafter_dir)
+    return load_drafter_spec(drafter_dir, arch)
 
 
-def describe(spec: DrafterSpec) -> str:
-    """One-line summary used by ``specopd drafter check``/``init``."""
-    n_params = sum(_prod(s) for s in expected_tensors(spec).values())
-    return (f"{spec.num_hidden_layers} layers x hidden {spec.hidden_size} ({spec.num_attention_heads}/"
-            f"{spec.num_key_value_heads} heads), block_size {spec.block_size}, target_layer_ids "
-            f"{list(spec.target_layer_ids)} of {spec.num_target_layers}, mask {spec.mask_token!r} "
-            f"(id {spec.mask_token_id}), {spec.dtype}, {n_params / 1e6:.2f}M params")
+def describe(spec: Any) -> str:
+    """One-line summary used by ``specopd drafter check``/``init``: the entry's ``describe`` + parameter count."""
+    entry = arch_for_spec(spec)
+    n_params = sum(_prod(s) for s in entry.expected_tensors(spec).values())
+    return f"{entry.describe(spec)}, {n_params / 1e6:.2f}M params"
 
 
 def _prod(shape: tuple[int, ...]) -> int:

@@ -18,9 +18,10 @@ Verified against ``sglang/srt/models/dflash.py`` (``DFlashDraftModel``) and
 * ``target_layer_ids`` are 0-based target layers whose outputs feed ``fc``; SGLang captures them before layer
   id+1, so the target's last layer can never be used.
 
-``init_drafter``/``choose_mask_token``/``save_drafter`` live in :mod:`sglang_specopd.wire.drafter_init` and
-``check_drafter``/``Problem``/``DrafterCheckError`` in :mod:`sglang_specopd.app.drafter_check`; both are also
-reachable from this module (lazy re-export).
+This module is the DFlash entry's format; :mod:`sglang_specopd.wire.drafter_archs` is the registry of drafter
+architectures (DFlash and later DFlash V2 / DSpark) that the trainer, the server and the CLI go through.
+``init_drafter``/``choose_mask_token``/``save_drafter`` live in :mod:`sglang_specopd.wire.drafter_init` (also
+reachable from this module by lazy re-export); ``check_drafter`` lives in :mod:`sglang_specopd.app.drafter_check`.
 """
 
 from __future__ import annotations
@@ -35,12 +36,8 @@ from typing import Any, Mapping
 DRAFTER_ARCHITECTURE = "DFlashDraftModel"
 DRAFTER_MODEL_TYPE = "qwen3"
 DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}  # our dtype name -> safetensors dtype tag
-_LAZY = {
-    "init_drafter": "drafter_init", "choose_mask_token": "drafter_init", "save_drafter": "drafter_init",
-    "init_drafter_tensors": "drafter_init", "MaskTokenError": "drafter_init",
-    "check_drafter": "drafter_check", "assert_drafter_ok": "drafter_check", "Problem": "drafter_check",
-    "DrafterCheckError": "drafter_check",
-}
+_LAZY = {name: "sglang_specopd.wire.drafter_init" for name in (
+    "init_drafter", "choose_mask_token", "save_drafter", "init_drafter_tensors", "MaskTokenError")}
 
 
 class DrafterFormatError(ValueError):
@@ -222,16 +219,21 @@ def drafter_config(spec: DrafterSpec) -> dict[str, Any]:
     }
 
 
-def write_drafter_config(spec: DrafterSpec, out_dir: str | os.PathLike[str]) -> Path:
-    """Atomically write ``drafter_config(spec)`` to ``out_dir/config.json`` (dir created); return the path."""
+def write_config_json(cfg: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> Path:
+    """Atomically write the dict ``cfg`` to ``out_dir/config.json`` (dir created, 2-space indent); return the path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out, prefix=".config.", suffix=".json")
     with os.fdopen(fd, "w") as fh:
-        json.dump(drafter_config(spec), fh, indent=2)
+        json.dump(dict(cfg), fh, indent=2)
         fh.write("\n")
     os.replace(tmp, out / "config.json")
     return out / "config.json"
+
+
+def write_drafter_config(spec: DrafterSpec, out_dir: str | os.PathLike[str]) -> Path:
+    """Atomically write ``drafter_config(spec)`` to ``out_dir/config.json`` (dir created); return the path."""
+    return write_config_json(drafter_config(spec), out_dir)
 
 
 def spec_from_config(cfg: Mapping[str, Any]) -> DrafterSpec:
@@ -280,16 +282,26 @@ def spec_from_config(cfg: Mapping[str, Any]) -> DrafterSpec:
         raise DrafterConfigError([("config_invalid", f"config.json has a value of the wrong type: {exc}")]) from None
 
 
-def read_drafter_spec(drafter_dir: str | os.PathLike[str]) -> DrafterSpec:
-    """Read ``drafter_dir/config.json`` into a DrafterSpec. Raises DrafterConfigError (missing/malformed/invalid)."""
+def read_drafter_config(drafter_dir: str | os.PathLike[str]) -> Any:
+    """The parsed JSON of ``drafter_dir/config.json`` (any JSON value; callers check it is an object).
+
+    Raises:
+        DrafterConfigError: ``config_missing`` (no such file) or ``config_malformed`` (unreadable, not JSON).
+    """
     path = Path(drafter_dir) / "config.json"
     try:
-        cfg = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except FileNotFoundError:
         raise DrafterConfigError([("config_missing", f"{path} does not exist")]) from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise DrafterConfigError([("config_malformed", f"{path} is not valid JSON: {exc}")]) from None
-    return spec_from_config(cfg)
+
+
+def read_drafter_spec(drafter_dir: str | os.PathLike[str]) -> DrafterSpec:
+    """Read a DFlash ``drafter_dir/config.json`` into a DrafterSpec (any architecture:
+    :func:`sglang_specopd.wire.drafter_archs.load_drafter_spec`). Raises DrafterConfigError (missing/malformed/
+    invalid, or not ``DFlashDraftModel``)."""
+    return spec_from_config(read_drafter_config(drafter_dir))
 
 
 def spec_to_dict(spec: DrafterSpec) -> dict[str, Any]:
@@ -305,4 +317,4 @@ def __getattr__(name: str) -> Any:  # PEP 562 lazy re-exports (avoid import cycl
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(f"sglang_specopd.{module}"), name)
+    return getattr(importlib.import_module(module), name)

@@ -1,4 +1,7 @@
-"""Create DFlash drafter checkpoints for a target: mask-token choice, deterministic init, atomic save.
+"""Create drafter checkpoints for a target: mask-token choice, deterministic init, atomic save.
+
+Any registered architecture (:mod:`sglang_specopd.wire.drafter_archs`, default ``"dflash"``): the entry builds the
+spec (``spec_for_target``), names the tensors and writes the config.json.
 
 Mask token. DFlash feeds ``[anchor, MASK x (B-1)]`` through the target's embedding, so the mask must be one
 existing token id < the target's vocab_size (SGLang cannot grow the target's embedding) that never occurs as
@@ -26,8 +29,9 @@ from pathlib import Path
 from typing import Any, Collection, Sequence
 
 from sglang_specopd.wire.checkpoint_info import read_target_info
-from sglang_specopd.wire.drafter_format import DTYPES, DrafterSpec, default_target_layer_ids, expected_tensors
-from sglang_specopd.wire.drafter_format import write_drafter_config
+from sglang_specopd.wire.drafter_archs import DrafterInitRequest, arch_for_spec, get_drafter_arch
+from sglang_specopd.wire.drafter_archs import write_drafter_arch_config
+from sglang_specopd.wire.drafter_format import DTYPES
 
 PREFERRED_MASK_TOKENS = ("<|MASK|>", "<mask>", "<|mask|>", "<empty_output>")
 _SAMPLE_CHAT = [
@@ -94,31 +98,34 @@ def choose_mask_token(target_dir: str | os.PathLike[str], override: str | None =
     return pick_mask_token(specials, excluded)
 
 
-def init_drafter_tensors(spec: DrafterSpec, seed: int = 0) -> dict[str, Any]:
-    """Fresh weights for ``spec``: N(0, 0.02) for matrices, ones for norm vectors, drawn in
-    :func:`expected_tensors` order from ``torch.Generator().manual_seed(seed)`` in fp32, then cast to spec.dtype.
-    Returns name -> contiguous ``torch.Tensor``; bit-identical for equal (spec, seed)."""
+def init_drafter_tensors(spec: Any, seed: int = 0) -> dict[str, Any]:
+    """Fresh weights for ``spec`` (any registered architecture's spec): N(0, 0.02) for matrices, ones for vectors
+    (norms), drawn in the entry's ``expected_tensors`` order from ``torch.Generator().manual_seed(seed)`` in fp32,
+    then cast to spec.dtype. Returns name -> contiguous ``torch.Tensor``; bit-identical for equal (spec, seed).
+    Raises UnknownDrafterArchError when ``type(spec)`` is not registered."""
     import torch
 
     gen = torch.Generator().manual_seed(int(seed))
     dtype = getattr(torch, spec.dtype)
     out: dict[str, Any] = {}
-    for name, shape in expected_tensors(spec).items():
+    for name, shape in arch_for_spec(spec).expected_tensors(spec).items():
         t = torch.ones(shape) if len(shape) == 1 else torch.randn(shape, generator=gen) * 0.02
         out[name] = t.to(dtype).contiguous()
     return out
 
 
-def save_drafter(spec: DrafterSpec, tensors: dict[str, Any], out_dir: str | os.PathLike[str], *,
+def save_drafter(spec: Any, tensors: dict[str, Any], out_dir: str | os.PathLike[str], *,
                  overwrite: bool = False) -> Path:
-    """Atomically write ``model.safetensors`` + ``config.json`` for ``spec`` into ``out_dir``.
+    """Atomically write ``model.safetensors`` + ``config.json`` for ``spec`` (any registered architecture's spec)
+    into ``out_dir``.
 
-    ``tensors`` must hold exactly :func:`expected_tensors` names with those shapes, in ``spec.dtype``. Files go to
-    a temporary sibling directory that is renamed into place (an existing ``out_dir`` is replaced only when
+    ``tensors`` must hold exactly the entry's ``expected_tensors`` names with those shapes, in ``spec.dtype``. Files
+    go to a temporary sibling directory that is renamed into place (an existing ``out_dir`` is replaced only when
     ``overwrite``). Returns ``out_dir`` as a Path.
 
     Raises:
         DrafterInitError: missing/extra tensor names, wrong shapes or dtype, or ``out_dir`` exists and not overwrite.
+        UnknownDrafterArchError: ``type(spec)`` is not a registered spec type.
     """
     import torch
     from safetensors.torch import save_file
@@ -126,7 +133,8 @@ def save_drafter(spec: DrafterSpec, tensors: dict[str, Any], out_dir: str | os.P
     from sglang_specopd.wire.home import make_world_readable
 
     out = Path(out_dir).expanduser()
-    expected = expected_tensors(spec)
+    arch = arch_for_spec(spec)
+    expected = arch.expected_tensors(spec)
     want_dtype = getattr(torch, spec.dtype)
     errors = [f"missing tensor {n}" for n in expected if n not in tensors]
     errors += [f"unexpected tensor {n}" for n in tensors if n not in expected]
@@ -142,7 +150,7 @@ def save_drafter(spec: DrafterSpec, tensors: dict[str, Any], out_dir: str | os.P
     try:
         save_file({n: t.detach().cpu().contiguous() for n, t in tensors.items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
-        write_drafter_config(spec, tmp)
+        write_drafter_arch_config(spec, tmp)
         make_world_readable(tmp)
         old = None
         if out.exists():
@@ -168,36 +176,37 @@ def init_drafter(
     num_context_layers: int | None = None,
     dtype: str = "float32",
     overwrite: bool = False,
-) -> DrafterSpec:
-    """Create a randomly initialised DFlash drafter for the HF target at ``target_dir``; return its spec.
+    arch: str = "dflash",
+) -> Any:
+    """Create a randomly initialised drafter of architecture ``arch`` for the HF target at ``target_dir``; return
+    its spec.
 
-    Dims (hidden, heads, kv heads, head_dim, intermediate, rms eps, rope theta, vocab, max positions) copy the
-    target's. Context layers: ``target_layer_ids`` if given, else ``default_target_layer_ids(N, K)`` with
-    K = ``num_context_layers`` or, by default, ``min(num_layers, max(1, N - 3))`` (a 4-layer target gets one
-    context layer; K need not equal num_layers). Mask token: :func:`choose_mask_token`. Weights:
-    :func:`init_drafter_tensors` (deterministic by ``seed``); written atomically by :func:`save_drafter`.
+    The entry's ``spec_for_target`` builds the spec from a :class:`DrafterInitRequest` (DFlash: dims copy the
+    target's; context layers ``target_layer_ids`` if given, else ``default_target_layer_ids(N, K)`` with
+    K = ``num_context_layers`` or, by default, ``min(num_layers, max(1, N - 3))``, so a 4-layer target gets one
+    context layer; mask token: :func:`choose_mask_token`). Weights: :func:`init_drafter_tensors` (deterministic
+    by ``seed``); written atomically by :func:`save_drafter`.
 
     Raises:
-        TargetConfigError: unreadable target config. MaskTokenError: see choose_mask_token.
-        DrafterSpecError: invalid sizes/ids/block_size (< 2). DrafterInitError: ``out_dir`` exists (no overwrite)
-        or an unknown dtype.
+        UnknownDrafterArchError: ``arch`` is not registered. TargetConfigError: unreadable target config.
+        MaskTokenError: see choose_mask_token. DrafterSpecError: invalid sizes/ids/block_size (< 2).
+        DrafterInitError: ``out_dir`` exists (no overwrite), an unknown dtype, or an architecture that
+        ``init`` cannot create.
     """
+    entry = get_drafter_arch(arch)
     if dtype not in DTYPES:
         raise DrafterInitError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if entry.spec_for_target is None:
+        raise DrafterInitError(f"drafter architecture {entry.label} cannot be created by drafter init")
     info = read_target_info(target_dir)
     if Path(out_dir).expanduser().exists() and not overwrite:
         raise DrafterInitError(f"output directory already exists: {out_dir} (use --force / overwrite=True)")
-    if target_layer_ids is None:
-        k = num_context_layers or min(int(num_layers), max(1, info.num_hidden_layers - 3))
-        target_layer_ids = default_target_layer_ids(info.num_hidden_layers, k)
-    token, token_id = choose_mask_token(target_dir, mask_token)
-    spec = DrafterSpec(
-        hidden_size=info.hidden_size, num_hidden_layers=int(num_layers), num_attention_heads=info.num_attention_heads,
-        num_key_value_heads=info.num_key_value_heads, head_dim=info.head_dim,
-        intermediate_size=info.intermediate_size, rms_norm_eps=info.rms_norm_eps, rope_theta=info.rope_theta,
-        vocab_size=info.vocab_size, max_position_embeddings=info.max_position_embeddings, block_size=int(block_size),
-        target_layer_ids=tuple(int(i) for i in target_layer_ids), mask_token=token, mask_token_id=token_id,
-        num_target_layers=info.num_hidden_layers, dtype=dtype,
+    request = DrafterInitRequest(
+        target_dir=Path(target_dir), target=info, num_layers=int(num_layers), block_size=int(block_size),
+        target_layer_ids=None if target_layer_ids is None else tuple(int(i) for i in target_layer_ids),
+        num_context_layers=num_context_layers, dtype=dtype,
+        resolve_mask_token=lambda: choose_mask_token(target_dir, mask_token),
     )
+    spec = entry.spec_for_target(request)
     save_drafter(spec, init_drafter_tensors(spec, seed), out_dir, overwrite=overwrite)
     return spec

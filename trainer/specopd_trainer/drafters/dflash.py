@@ -39,7 +39,7 @@ class MissingTargetHeadError(RuntimeError):
     """An operation needing the target's embedding / LM head was called before ``load_target_head``."""
 
 
-@register_drafter("dflash", "DFlashDraftModel")
+@register_drafter("dflash")
 class DFlashDrafter(nn.Module):
     """DFlash drafter built from a :class:`DrafterSpec`; fresh weights equal ``init_drafter_tensors(spec, seed)``.
 
@@ -210,6 +210,10 @@ class DFlashDrafter(nn.Module):
         """``state_dict`` detached on CPU in ``spec.dtype``: exactly the SGLang checkpoint tensors."""
         dtype = getattr(torch, self.spec.dtype)
         return {n: t.detach().to("cpu", dtype).contiguous() for n, t in self.state_dict().items()}
+
+    def checkpoint_config(self) -> dict:
+        """The config.json dict of this drafter (its architecture entry's ``config(spec)``)."""
+        return self.drafter_arch.config(self.spec)
 
     def save_pretrained(self, out_dir: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
         """Atomically write ``config.json`` + ``model.safetensors`` (via ``sglang_specopd.wire.drafter_init.save_drafter``).

@@ -1,47 +1,56 @@
-"""The one registry of trainable drafter kinds: name -> ``nn.Module`` class.
+"""The trainer's drafter registry: drafter architecture name -> trainable ``nn.Module`` class.
 
-Drafter modules register themselves with ``@register_drafter(name, architecture)``; the built-in modules
-listed in :data:`BUILTIN_MODULES` are imported on first lookup, so importing this module stays light.
-Extension points: a DFlash V2 drafter ("dflash2", SGLang architecture ``DFlash2DraftModel``: grouped conv +
-candidate selector) or DSpark ("dspark") is a new module ``specopd_trainer.drafters.<name>`` whose class is
-decorated with ``@register_drafter("<name>", "<SGLang architecture>")``, added to :data:`BUILTIN_MODULES`.
-Every registered class must provide ``from_pretrained(drafter_dir, target_dir=None)`` and
-``save_pretrained(out_dir)`` writing the SGLang checkpoint format.
+Names, HF architectures, config parsing and tensor layouts come from the one registry of drafter architectures,
+:mod:`sglang_specopd.wire.drafter_archs` (also read by the server and the CLI); this module only adds the class.
+Drafter modules register themselves with ``@register_drafter(name)`` where ``name`` is a registered architecture;
+the built-in modules listed in :data:`BUILTIN_MODULES` are imported on first lookup, so importing this module stays
+light. Extension points: a DFlash V2 drafter ("dflash2", ``DFlash2DraftModel``) or DSpark ("dspark") is an entry
+in ``drafter_archs`` plus a module ``specopd_trainer.drafters.<name>`` whose class is decorated with
+``@register_drafter("<name>")``, added to :data:`BUILTIN_MODULES`. Every registered class must provide
+``from_pretrained(drafter_dir, target_dir=None)`` and ``save_pretrained(out_dir)`` writing its entry's format.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
 import os
-from pathlib import Path
 from typing import Callable, TypeVar
+
+from sglang_specopd.wire.drafter_archs import UnknownDrafterArchError, arch_for_config, drafter_arch_names
+from sglang_specopd.wire.drafter_archs import get_drafter_arch
+from sglang_specopd.wire.drafter_format import read_drafter_config
 
 BUILTIN_MODULES = ("specopd_trainer.drafters.dflash",)  # add "specopd_trainer.drafters.dflash2", ".dspark"
 DRAFTERS: dict[str, type] = {}
-ARCHITECTURES: dict[str, str] = {}  # SGLang config.json architecture -> registry name
 _T = TypeVar("_T", bound=type)
 _loaded = False
 
 
-class UnknownDrafterError(KeyError):
-    """A drafter name or checkpoint architecture that no registered drafter class handles."""
-
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0]) if self.args else ""
+class UnknownDrafterError(UnknownDrafterArchError):
+    """A drafter name or checkpoint architecture that no registered drafter class handles (a KeyError)."""
 
 
-def register_drafter(name: str, architecture: str) -> Callable[[_T], _T]:
-    """Class decorator: register ``cls`` as drafter ``name`` loading checkpoints of ``architecture``.
+def register_drafter(name: str) -> Callable[[_T], _T]:
+    """Class decorator: register ``cls`` as the trainable drafter of the registered architecture ``name``.
 
-    Raises ValueError if ``name`` or ``architecture`` is already taken by another class."""
+    Sets ``cls.drafter_name`` (``name``) and ``cls.drafter_arch`` (its
+    :class:`~sglang_specopd.wire.drafter_archs.DrafterArch`).
+
+    Raises:
+        UnknownDrafterError: ``name`` is not a registered drafter architecture.
+        ValueError: another class is already registered as ``name``.
+    """
+    try:
+        arch = get_drafter_arch(name)
+    except UnknownDrafterArchError as exc:
+        raise UnknownDrafterError(str(exc)) from None
 
     def deco(cls: _T) -> _T:
-        if DRAFTERS.get(name, cls) is not cls or ARCHITECTURES.get(architecture, name) != name:
-            raise ValueError(f"drafter name {name!r} or architecture {architecture!r} is already registered")
+        if DRAFTERS.get(name, cls) is not cls:
+            raise ValueError(f"drafter {name!r} is already registered to {DRAFTERS[name].__name__}")
         DRAFTERS[name] = cls
-        ARCHITECTURES[architecture] = name
         cls.drafter_name = name
+        cls.drafter_arch = arch
         return cls
 
     return deco
@@ -56,30 +65,33 @@ def _load_builtins() -> None:
 
 
 def drafter_names() -> list[str]:
-    """Sorted names of all registered drafters."""
+    """Sorted names of all drafters with a trainable class."""
     _load_builtins()
     return sorted(DRAFTERS)
 
 
 def get_drafter_class(name: str) -> type:
-    """The class registered as ``name``. Raises UnknownDrafterError (a KeyError) listing the valid names."""
+    """The class registered as ``name``.
+
+    Raises UnknownDrafterError (a KeyError) listing the registered drafters; it says so when ``name`` is a
+    registered architecture that has no trainable class."""
     _load_builtins()
-    try:
+    if name in DRAFTERS:
         return DRAFTERS[name]
-    except KeyError:
-        raise UnknownDrafterError(f"unknown drafter {name!r}; registered drafters: {', '.join(sorted(DRAFTERS))}"
-                                  ) from None
+    trainable = ", ".join(sorted(DRAFTERS))
+    if name in drafter_arch_names():
+        raise UnknownDrafterError(f"drafter architecture {get_drafter_arch(name).label} has no trainable class; "
+                                  f"registered drafters: {trainable}")
+    raise UnknownDrafterError(f"unknown drafter {name!r}; registered drafters: {trainable}")
 
 
 def drafter_class_for_checkpoint(drafter_dir: str | os.PathLike[str]) -> type:
-    """The registered class for the ``architectures[0]`` of ``drafter_dir/config.json``.
+    """The registered class for the architecture named by ``drafter_dir/config.json``.
 
-    Raises: UnknownDrafterError (unknown architecture), OSError/ValueError (unreadable config)."""
-    _load_builtins()
-    cfg = json.loads((Path(drafter_dir) / "config.json").read_text())
-    archs = cfg.get("architectures") or [None]
-    name = ARCHITECTURES.get(archs[0])
-    if name is None:
-        raise UnknownDrafterError(f"{drafter_dir}: architecture {archs[0]!r} has no registered drafter; known: "
-                                  f"{', '.join(sorted(ARCHITECTURES))}")
-    return DRAFTERS[name]
+    Raises: UnknownDrafterError (unknown architecture, or one without a trainable class), DrafterConfigError
+    (a ValueError: missing or malformed config.json)."""
+    try:
+        arch = arch_for_config(read_drafter_config(drafter_dir))
+    except UnknownDrafterArchError as exc:
+        raise UnknownDrafterError(f"{drafter_dir}: {exc}") from None
+    return get_drafter_class(arch.name)
