@@ -51,8 +51,8 @@ def main(argv=None) -> int:
     from sglang_specopd.app.serve import config_path, launch_spec
     from specopd_trainer.client import SpecOPDClient
     from specopd_trainer.drafters.dflash import DFlashDrafter
-    from specopd_trainer.loops.specopd import SpecOPDConfig
-    from specopd_trainer.loops.specopd_batch import sample_and_score
+    from specopd_trainer.algorithms.specopd.config import SpecOPDConfig
+    from specopd_trainer.algorithms.specopd.batch import sample_and_score
 
     torch.set_num_threads(2)
     os.environ["SPECOPD_CPU_SERVER_THREADS"] = str(args.server_threads)

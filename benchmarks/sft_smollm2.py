@@ -48,7 +48,8 @@ def main(argv=None) -> int:
     from specopd_trainer.drafters.dflash import DFlashDrafter
     from specopd_trainer.evaluate import evaluate_acceptance
     from specopd_trainer.loops.common import mean_walk_tau
-    from specopd_trainer.loops.sft import SFTConfig, train_sft
+    from specopd_trainer.algorithms.sft.config import SFTConfig
+    from specopd_trainer.algorithms.sft.loop import train_sft
     from specopd_trainer.pipeline import prepare_sequences
 
     torch.set_num_threads(2)
@@ -130,7 +131,9 @@ def _plot(acceptance: dict, path: Path) -> None:
     axes[0].set_ylabel("tau (tokens / verify)")
     axes[0].legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    from sglang_specopd.app.results import save_figure  # an earlier run's plot moves to history/
+
+    save_figure(fig, path, dpi=120)
 
 
 if __name__ == "__main__":

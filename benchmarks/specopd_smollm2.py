@@ -63,7 +63,7 @@ def evaluate(url, tok, max_new_tokens: int, limit=None, records=None) -> dict:
 def continued_sft_config(budget_tokens: int, g: int, lr: float):
     """The continued-SFT arm: 8 sequences x 16 anchors x ``g`` labelled slots per step, as many steps as the
     supervised-token budget buys; returns (SFTConfig, supervised tokens it trains on)."""
-    from specopd_trainer.loops.sft import SFTConfig
+    from specopd_trainer.algorithms.sft.config import SFTConfig
 
     per_step = 8 * 16 * g
     steps = max(1, round(budget_tokens / per_step))
@@ -77,7 +77,7 @@ def specopd_config(budget_tokens: int, g: int, *, anchors_per_seq: int, branches
     """The SpecOPD arm: seqs x (anchors x branches x ``g`` supervised branch tokens (branches + 1 with the
     reference branch) + root anchors x 1 slot-1 token) per step, as many steps as the budget buys (a multiple of
     ``minibatches``: whole scored batches), every step logged, no mid-run checkpoints."""
-    from specopd_trainer.loops.specopd import SpecOPDConfig
+    from specopd_trainer.algorithms.specopd.config import SpecOPDConfig
 
     cfg = SpecOPDConfig(anchors_per_seq=anchors_per_seq, branches=branches, seqs_per_step=seqs_per_step,
                         temperature=temperature, greedy_branch=greedy_branch, loss=loss, lr=lr, warmup_steps=2,
@@ -174,9 +174,9 @@ def main(argv=None) -> int:
     from specopd_trainer.collect import iter_responses
     from specopd_trainer.drafters.dflash import DFlashDrafter
     from specopd_trainer.loops.engine import run_training
-    from specopd_trainer.loops.sequential_opd import Rollout, collect_rollouts, rollout_step
-    from specopd_trainer.loops.sft import train_sft
-    from specopd_trainer.loops.specopd_run import train_specopd
+    from specopd_trainer.algorithms.sequential_opd.rollouts import Rollout, collect_rollouts, rollout_step
+    from specopd_trainer.algorithms.sft.loop import train_sft
+    from specopd_trainer.algorithms.specopd.loop import train_specopd
 
     torch.set_num_threads(2)
     os.environ["SPECOPD_CPU_SERVER_THREADS"] = str(args.server_threads)  # read by launch.server_env on CPU
@@ -381,7 +381,9 @@ def _plot(acceptance: dict, tps: dict, tps_collect: dict, path: Path) -> None:
     axes[2].set_title("supervised tokens / s")
     axes[2].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    from sglang_specopd.app.results import save_figure  # an earlier run's plot moves to history/
+
+    save_figure(fig, path, dpi=120)
 
 
 if __name__ == "__main__":

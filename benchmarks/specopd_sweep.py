@@ -100,8 +100,8 @@ def main(argv=None) -> int:
     from sglang_specopd.app.serve import config_path, launch_spec
     from specopd_trainer.client import SpecOPDClient
     from specopd_trainer.drafters.dflash import DFlashDrafter
-    from specopd_trainer.loops.sft import train_sft
-    from specopd_trainer.loops.specopd_run import train_specopd
+    from specopd_trainer.algorithms.sft.loop import train_sft
+    from specopd_trainer.algorithms.specopd.loop import train_specopd
     from specopd_trainer.pipeline import push_drafter
 
     torch.set_num_threads(2)

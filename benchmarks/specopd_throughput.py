@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     from sglang_specopd.app.serve import config_path, launch_spec
     from specopd_trainer.client import SpecOPDClient
     from specopd_trainer.drafters.dflash import DFlashDrafter
-    from specopd_trainer.loops.specopd_run import train_specopd
+    from specopd_trainer.algorithms.specopd.loop import train_specopd
 
     torch.set_num_threads(2)
     os.environ["SPECOPD_CPU_SERVER_THREADS"] = str(args.server_threads)

@@ -9,7 +9,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _sft_fixture import tiny_drafter, tiny_sequences  # noqa: E402
 
-from specopd_trainer.loops.sft import SFTConfig, train_sft  # noqa: E402
+from specopd_trainer.algorithms.sft.config import SFTConfig  # noqa: E402
+from specopd_trainer.algorithms.sft.loop import train_sft  # noqa: E402
 
 
 def main(out: str) -> None:

@@ -51,7 +51,8 @@ def _record_packing(monkeypatch) -> list:
 @pytest.mark.parametrize("greedy", [False, True])
 def test_greedy_branch_is_the_argmax_block(monkeypatch, greedy):
     import specopd_trainer.loops.branch_tree as bt
-    from specopd_trainer.loops.specopd import SpecOPDConfig, specopd_step
+    from specopd_trainer.algorithms.specopd.config import SpecOPDConfig
+    from specopd_trainer.algorithms.specopd.loss import specopd_step
 
     seen = []
     real = bt.pack_branches
@@ -76,7 +77,9 @@ def test_e2e_fkl_is_step_equals_the_expanded_loss_on_the_sampled_branches(monkey
     equals the registry's expanded E2E-KL-IS on the branches it sampled, the rows the scorer returned and the
     drafter's own logits."""
     from specopd_kernels.losses import get_loss
-    from specopd_trainer.loops.specopd import SpecOPDConfig, specopd_step, target_head_logits
+    from specopd_trainer.algorithms.specopd.config import SpecOPDConfig
+    from specopd_trainer.algorithms.specopd.loss import specopd_step
+    from specopd_trainer.loops.head import target_head_logits
 
     packed = _record_packing(monkeypatch)
     drafter, seqs, scorer = tiny_drafter(), tiny_sequences(2), _Keep()
@@ -103,7 +106,9 @@ def test_reference_branch_is_the_reference_continuation(monkeypatch):
     """With reference_branch = lambda, branch K of every anchor is the reference continuation (-1 past the end,
     packed as token 0), counted as supervised; the config refuses it without e2e_fkl_is."""
     import specopd_trainer.loops.branch_tree as bt
-    from specopd_trainer.loops.specopd import SpecOPDConfig, reference_blocks, specopd_step
+    from specopd_trainer.algorithms.specopd.config import SpecOPDConfig
+    from specopd_trainer.algorithms.specopd.loss import specopd_step
+    from specopd_trainer.algorithms.specopd.sampling import reference_blocks
 
     assert reference_blocks(torch.tensor([5, 6, 7, 8]), torch.tensor([0, 2]), 3).tolist() == [[6, 7, 8], [8, -1, -1]]
     seen = []
@@ -133,7 +138,7 @@ def _hand_root_loss(drafter, s, anchors, roots, branches, pk, hidden, temp: floa
     ``hidden``: the target rows ``[A + R + nodes, H]`` (branch anchors, roots, tree nodes); the current drafter."""
     from specopd_kernels.losses.e2e_kl import accepted_prefix_weights, draft_accept_ratio
     from specopd_kernels.losses.naive import acceptance_alpha, forward_kl
-    from specopd_trainer.loops.specopd import target_head_logits
+    from specopd_trainer.loops.head import target_head_logits
 
     a_n, r_n, k = anchors.numel(), roots.numel(), branches.shape[1]
     g = drafter.block_size - 1
@@ -159,7 +164,8 @@ def test_root_anchors_estimate_slot_one_over_all_anchors(monkeypatch):
     anchors weighted by the mean slot-1 weight D of the branch anchors) plus slots 2..G averaged over the branch
     anchors, recomputed here by hand from the registry's pieces; root anchors are trees without nodes, count one
     supervised token each and get gradient."""
-    from specopd_trainer.loops.specopd import SpecOPDConfig, specopd_step
+    from specopd_trainer.algorithms.specopd.config import SpecOPDConfig
+    from specopd_trainer.algorithms.specopd.loss import specopd_step
 
     packed = _record_packing(monkeypatch)
     drafter, seqs, scorer = tiny_drafter(), tiny_sequences(2), _Keep()
@@ -194,8 +200,9 @@ def test_minibatches_share_one_scored_batch(monkeypatch):
     share has its own root anchors (disjoint from its branch anchors); each share gets exactly its trees' rows;
     each minibatch's loss is the hand-computed E2E-KL-IS with root anchors of the drafter as it is at that
     minibatch (after an update), with gradient."""
-    from specopd_trainer.loops.specopd import SpecOPDConfig
-    from specopd_trainer.loops.specopd_batch import minibatch_loss, sample_and_score
+    from specopd_trainer.algorithms.specopd.config import SpecOPDConfig
+    from specopd_trainer.algorithms.specopd.batch import sample_and_score
+    from specopd_trainer.algorithms.specopd.loss import minibatch_loss
 
     packed = _record_packing(monkeypatch)
     drafter, seqs, scorer = tiny_drafter(), tiny_sequences(2), _Keep()
@@ -250,8 +257,8 @@ class _HashScorer(_Scorer):
 def test_minibatch_run_scores_once_per_batch_and_resumes_exactly(tmp_path):
     """train_specopd with minibatches = 2: one server call per 2 optimizer steps; checkpoints fall on batch
     boundaries (ckpt_every = 3 -> step 4), so 4 steps + a resume to 6 give the uninterrupted 6-step drafter."""
-    from specopd_trainer.loops.specopd import SpecOPDConfig
-    from specopd_trainer.loops.specopd_run import train_specopd
+    from specopd_trainer.algorithms.specopd.config import SpecOPDConfig
+    from specopd_trainer.algorithms.specopd.loop import train_specopd
 
     cfg = SpecOPDConfig(compute_dtype="float32", anchors_per_seq=2, root_anchors_per_seq=2, branches=3, minibatches=2,
                         loss="e2e_fkl_is", steps=6, ckpt_every=3, warmup_steps=0, min_lr_ratio=1.0, lr=1e-2)

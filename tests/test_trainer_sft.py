@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 
 from _sft_fixture import tiny_drafter, tiny_sequences
-from specopd_trainer.loops.sft import SFTConfig, train_sft
+from specopd_trainer.algorithms.sft.config import SFTConfig
+from specopd_trainer.algorithms.sft.loop import train_sft
 
 
 def _losses(run_dir: Path):

@@ -51,12 +51,22 @@ def run_main_job(cfg: MainJobConfig, console=None) -> Dict:
     from specopd_trainer.client import SpecOPDClient
     from specopd_trainer.drafters.dflash import DFlashDrafter
     from specopd_trainer.evaluate import evaluate_acceptance
-    from specopd_trainer.loops.sft import SFTConfig, train_sft
-    from specopd_trainer.loops.specopd import SpecOPDConfig
-    from specopd_trainer.loops.specopd_run import train_specopd
+    from specopd_trainer.algorithms import registry
+    from specopd_trainer.algorithms.registry import TrainContext
     from specopd_trainer.pipeline import DOMAINS, prepare_sequences, push_drafter, train_split_records
 
-    say = console.print if console is not None else print
+    sft_alg, specopd_alg = registry.get("sft"), registry.get("specopd")
+    # configs from the registry: SFT's defaults with the main job's time budget; SpecOPD's validated recipe with the
+    # main job's step count and redeploy period (checkpoint once, at the end)
+    sft_cfg = sft_alg.make_config(steps=2000, max_minutes=cfg.sft_minutes)
+    scfg = specopd_alg.make_config(steps=cfg.specopd_steps, push_every=cfg.push_every, ckpt_every=cfg.specopd_steps)
+
+    def say(msg: str) -> None:
+        if console is None:
+            print(msg)
+        else:  # plain text (paths and lists are not markup), never re-wrapped mid-line
+            console.print(msg, markup=False, highlight=False, soft_wrap=True)
+
     torch.set_num_threads(2)
     serve_cfg = ServeConfig.load(config_path(cfg.config))
     target = prepare_model(serve_cfg.target) if serve_cfg.target in KNOWN_MODELS else Path(serve_cfg.target)
@@ -85,7 +95,7 @@ def run_main_job(cfg: MainJobConfig, console=None) -> Dict:
         if not (sft_dir / "model.safetensors").is_file():
             say(f"no cached SFT drafter: short SFT ({cfg.sft_minutes:g} min) on {len(train)} target responses")
             t0 = time.monotonic()
-            train_sft(drafter, train, holdout, work / "sft", SFTConfig(steps=2000, max_minutes=cfg.sft_minutes))
+            sft_alg.run(TrainContext(drafter, client, work / "sft", train=train, holdout=holdout), sft_cfg)
             tmp = sft_dir.with_name(sft_dir.name + ".tmp")
             drafter.save_pretrained(tmp, overwrite=True)
             shutil.rmtree(sft_dir, ignore_errors=True)
@@ -95,17 +105,15 @@ def run_main_job(cfg: MainJobConfig, console=None) -> Dict:
         say("measuring acceptance before SpecOPD ...")
         before = evaluate_acceptance(server.url, tok, DOMAINS, temperature=0.0, limit=cfg.eval_limit,
                                      max_new_tokens=cfg.eval_max_new_tokens, progress=False)
-        scfg = SpecOPDConfig(steps=cfg.specopd_steps, anchors_per_seq=8, branches=7, root_anchors_per_seq=64,
-                             seqs_per_step=2, lr=1e-3, loss="e2e_fkl_is", warmup_steps=2,
-                             push_every=cfg.push_every, log_every=1, ckpt_every=cfg.specopd_steps)
         t0 = time.monotonic()
         run_dir = work / f"specopd-{int(time.time())}"
-        summary = train_specopd(drafter, client, refs_hold + refs, run_dir, scfg,
-                                push=lambda step, d: push_drafter(server.url, d, f"specopd-{step}", ADMIN_KEY))
+        summary = specopd_alg.run(TrainContext(
+            drafter, client, run_dir, train=refs_hold + refs,
+            push=lambda step, d: push_drafter(server.url, d, f"specopd-{step}", ADMIN_KEY)), scfg).summary
         timings["specopd_s"] = time.monotonic() - t0
         say(f"SpecOPD: {summary['steps']} steps, {summary['supervised_tokens']} supervised tokens "
             f"({summary['supervised_tokens_per_s']:.0f}/s), est. tau {summary['metrics'].get('est_tau', float('nan')):.2f}, "
-            f"pushed at steps {summary['pushed']}")
+            f"{describe_pushes(summary['pushed'])}")
         drafter.save_pretrained(work / "drafter-specopd", overwrite=True)
         say("measuring acceptance after SpecOPD (redeployed hot) ...")
         after = evaluate_acceptance(server.url, tok, DOMAINS, temperature=0.0, limit=cfg.eval_limit,
@@ -121,3 +129,18 @@ def run_main_job(cfg: MainJobConfig, console=None) -> Dict:
             "drafter": str(work / "drafter-specopd"), "chat_reply": chat["message"]["content"],
             "chat_meta": {k: (chat.get("meta_info") or {}).get(k) for k in
                           ("completion_tokens", "spec_verify_ct", "spec_accept_length", "specopd_drafter_versions")}}
+
+
+def describe_pushes(pushed) -> str:
+    """One phrase for the steps a run pushed at, e.g. ``redeployed hot 5 times (steps 24, 48, ..., 120)``."""
+    steps = [int(x) for x in pushed]
+    if not steps:
+        return "not redeployed"
+    shown = steps if len(steps) <= 4 else steps[:2] + ["..."] + steps[-1:]
+    return f"redeployed hot {len(steps)} time{'s' if len(steps) != 1 else ''} (step{'s' if len(steps) != 1 else ''} " \
+           f"{', '.join(map(str, shown))})"
+
+
+def format_timings(timings: Dict[str, float]) -> str:
+    """``{"collect_s": 45.2, "sft_s": 361.0}`` -> ``collect 45 s, sft 361 s`` (one line)."""
+    return ", ".join(f"{k[:-2] if k.endswith('_s') else k} {v:.0f} s" for k, v in timings.items()) or "-"

@@ -9,8 +9,9 @@ it maps inside the call. Errors print ``error: ...`` on stderr and exit non-zero
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import typer
 
@@ -25,16 +26,31 @@ class _TrainFail(Exception):
         self.code = code
 
 
-def _config(cls, **options):
-    """``cls(**options)`` (a strict pydantic config), a pydantic validation error turned into a clean
-    ``bad option: ...`` failure (exit 2)."""
+def _config(factory, flags: Mapping[str, str], options: Mapping[str, Any]):
+    """``factory(**options)`` (a strict pydantic config or a function building one), a validation error turned into a
+    clean one-line failure (exit 2) naming the CLI flags: ``flags`` maps a config field to its flag (default
+    ``--field-name``)."""
     from pydantic import ValidationError
 
     try:
-        return cls(**options)
+        return factory(**options)
     except ValidationError as exc:
-        raise _TrainFail("bad option: " + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
-                                                      for e in exc.errors())) from None
+        raise _TrainFail("; ".join(_describe(e, flags) for e in exc.errors())) from None
+
+
+def _describe(error: dict, flags: Mapping[str, str]) -> str:
+    msg = str(error.get("msg", "invalid value"))
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if msg.startswith(prefix):
+            msg = msg[len(prefix):]
+    for name, flag in flags.items():  # snake_case field names in a message become their flags
+        if "_" in name:
+            msg = re.sub(rf"\b{re.escape(name)}\b", flag, msg)
+    loc = error.get("loc") or ()
+    if not loc:
+        return msg
+    field = str(loc[0])
+    return f"bad option {flags.get(field) or '--' + field.replace('_', '-')}: {msg}"
 
 
 def _o_server():
@@ -106,6 +122,7 @@ def _guarded(body: Callable[[], None]) -> None:
     """Run a command body; known failures become one ``error:`` line and a non-zero exit."""
     from sglang_specopd.wire.drafter_format import DrafterFormatError
     from sglang_specopd.app.models import TargetNotFoundError
+    from specopd_trainer.algorithms.registry import AlgorithmError, UnknownAlgorithmError
     from specopd_trainer.checkpoint import CheckpointError
     from specopd_trainer.client import ServerError
     from specopd_trainer.collect import CacheFormatError, CollectionError, InvalidRecordError
@@ -118,23 +135,20 @@ def _guarded(body: Callable[[], None]) -> None:
     except _TrainFail as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=exc.code)
-    except (ServerError, CollectionError) as exc:
+    except (ServerError, CollectionError, AlgorithmError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=1)
     except (DataError, CacheFormatError, InvalidRecordError, CheckpointError, DrafterFormatError, DrafterLoadError,
-            TargetHeadError, TargetNotFoundError) as exc:
+            TargetHeadError, TargetNotFoundError, UnknownAlgorithmError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2)
 
 
 def _fmt(x, nd: int = 4) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float):
-        return f"{x:.{nd}f}"
-    if isinstance(x, list):
-        return "[" + ", ".join(_fmt(v, 3) for v in x) + "]"
-    return str(x)
+    """A value for a summary table (:func:`specopd_trainer.algorithms.registry.fmt`)."""
+    from specopd_trainer.algorithms.registry import fmt
+
+    return fmt(x, nd)
 
 
 def _sayer(rank: int):

@@ -165,7 +165,8 @@ def _finish(sess: _Session, drafter, run_dir: Path, method: str, rows: List[tupl
     table.add_column("value", justify="right")
     for k, v in rows:
         table.add_row(k, v)
-    table.add_row("pushed versions", ", ".join(versions) if versions else "-")
+    shown = versions if len(versions) <= 3 else [f"({len(versions)} pushes) ...", *versions[-3:]]
+    table.add_row("pushed versions", ", ".join(shown) if shown else "-")
     Console().print(table)
     typer.echo(f"drafter saved to {out} (SGLang-loadable: specopd serve ... --drafter {out})")
     if sess.push_enabled:

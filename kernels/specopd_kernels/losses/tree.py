@@ -21,20 +21,16 @@ drafted token from ``row_token`` (the token sitting at a tree node's row).
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional
+from typing import Callable, Optional
 
 import torch
 
 from .e2e_kl import acceptance_weights, accepted_prefix_weights
-from .naive import e2e_tv_from_alpha, forward_kl, reverse_kl, tv_loss
+from .naive import e2e_tv_from_alpha
 from .tree_fused_pass import DEFAULT_CHUNK_ROWS, row_stats, weighted_rows
 
-__all__ = ["TREE_LOSSES", "tree_loss", "tree_loss_and_alpha", "tree_alpha", "tree_alpha_reference"]
-
-
-_PER_TOKEN: Dict[str, Callable] = {"tv": tv_loss, "fkl": forward_kl, "rkl": reverse_kl}
-TREE_LOSSES = ("e2e_tv", "e2e_tv_fused", "e2e_fkl", "e2e_fkl_is", *_PER_TOKEN)
-_NEEDS_TOKENS = ("e2e_fkl_is",)
+__all__ = ["tree_alpha", "tree_alpha_reference", "tree_e2e_tv", "tree_e2e_tv_fused", "tree_e2e_fkl",
+           "tree_e2e_fkl_is", "tree_per_token"]
 
 
 def _check_index(index: torch.Tensor, bound: int, dims: int, name: str) -> None:
@@ -99,62 +95,69 @@ def tree_alpha_reference(target_rows: torch.Tensor, draft_logits: torch.Tensor, 
     return torch.minimum(p, q).sum(dim=-1)[row_index]
 
 
-def tree_loss(name: str, target_rows: torch.Tensor, draft_logits: torch.Tensor, row_draft: torch.Tensor,
-              row_index: torch.Tensor, *, row_token: Optional[torch.Tensor] = None,
-              sample_temperature: float = 1.0, greedy_branches: Optional[torch.Tensor] = None,
-              greedy_tokens: Optional[torch.Tensor] = None, greedy_weight: float = 0.5) -> torch.Tensor:
-    """Loss ``name`` (one of :data:`TREE_LOSSES`) over N branches x G slots given by ``row_index`` into R rows.
-
-    Arguments as in :func:`tree_alpha`; ``e2e_fkl_is`` also needs ``row_token`` (int64 ``[R]``, the drafted
-    token sitting at each node row, anything at anchor rows: :attr:`PackedBranches.row_token`) and the branches'
-    ``sample_temperature``. ``e2e_fkl_is`` optionally takes greedy-path branches (:func:`_greedy_mix`):
-    ``greedy_branches`` int64 ``[M]`` (which of the N branches follow the target's greedy path, e.g. the
-    reference continuation), ``greedy_tokens`` int64 ``[M, G]`` (their tokens, -1 past the reference's end) and
-    ``greedy_weight`` lambda. Returns an fp32 scalar equal to the registry loss on the expanded ``[N, G, V]``
-    tensors (mean reduction), value and gradient w.r.t. ``draft_logits``. Raises KeyError for a name without a
-    tree form (e.g. ``ce_decay``, ``draft_opd``), ValueError on bad shapes or indices or a missing ``row_token``.
-    Source: SpecOPD E2E-TV; per-token forms as in the loss registry.
-    """
-    return tree_loss_and_alpha(name, target_rows, draft_logits, row_draft, row_index, with_alpha=False,
-                               row_token=row_token, sample_temperature=sample_temperature,
-                               greedy_branches=greedy_branches, greedy_tokens=greedy_tokens,
-                               greedy_weight=greedy_weight)[0]
+# Tree forms, one per loss name (registered beside the flat form in :mod:`.registry`). Common signature:
+# ``(target_rows, draft_logits, row_draft, row_index, with_alpha, **options)`` -> ``(loss, alpha or None)``, the
+# options (row_token, sample_temperature, greedy_branches, greedy_tokens, greedy_weight) as in
+# :func:`specopd_kernels.losses.registry.tree_loss_and_alpha`; a form ignores the options it does not use.
 
 
-def tree_loss_and_alpha(name: str, target_rows: torch.Tensor, draft_logits: torch.Tensor, row_draft: torch.Tensor,
-                        row_index: torch.Tensor, with_alpha: bool = True, *, row_token: Optional[torch.Tensor] = None,
-                        sample_temperature: float = 1.0, greedy_branches: Optional[torch.Tensor] = None,
-                        greedy_tokens: Optional[torch.Tensor] = None, greedy_weight: float = 0.5):
-    """``(loss, alpha)``: :func:`tree_loss` and the detached ``[N, G]`` :func:`tree_alpha` (None unless
-    ``with_alpha``). For the E2E-TV losses alpha is the loss's own intermediate (no second pass over the rows)."""
-    if name not in TREE_LOSSES:
-        raise KeyError(f"loss {name!r} has no proposal-tree form; valid names: {', '.join(TREE_LOSSES)}")
-    if name in ("e2e_tv", "e2e_tv_fused"):
-        alpha = tree_alpha(target_rows, draft_logits, row_draft, row_index, name)
-        return e2e_tv_from_alpha(alpha), (alpha.detach() if with_alpha else None)
+def tree_e2e_tv(target_rows, draft_logits, row_draft, row_index, with_alpha: bool = True, **_):
+    """E2E-TV (SpecOPD) over the tree: 1 - (1/G) sum_j prod_{i<=j} alpha_i per branch, mean; alpha is the loss's own
+    intermediate (no second pass). Backend chosen by :func:`tree_alpha` (Triton on CUDA, chunked torch on CPU)."""
+    alpha = tree_alpha(target_rows, draft_logits, row_draft, row_index, "e2e_tv")
+    return e2e_tv_from_alpha(alpha), (alpha.detach() if with_alpha else None)
+
+
+def tree_e2e_tv_fused(target_rows, draft_logits, row_draft, row_index, with_alpha: bool = True, **_):
+    """:func:`tree_e2e_tv` with the Triton alpha kernel always (CUDA, or TRITON_INTERPRET=1)."""
+    alpha = tree_alpha(target_rows, draft_logits, row_draft, row_index, "e2e_tv_fused")
+    return e2e_tv_from_alpha(alpha), (alpha.detach() if with_alpha else None)
+
+
+def tree_e2e_fkl(target_rows, draft_logits, row_draft, row_index, with_alpha: bool = True, **_):
+    """E2E-KL over the tree (:func:`_e2e_fkl_tree` with E2E's acceptance weights)."""
     _check(target_rows, draft_logits, row_draft, row_index)
-    if name in _NEEDS_TOKENS:
-        if row_token is None or row_token.dtype != torch.int64 or row_token.shape != (target_rows.shape[0],):
-            raise ValueError(f"loss {name!r} needs row_token: int64 [{target_rows.shape[0]}] (the drafted token "
-                             f"at each tree row), got {None if row_token is None else tuple(row_token.shape)}")
-        if not sample_temperature > 0:
-            raise ValueError(f"sample_temperature must be > 0, got {sample_temperature}")
-    if greedy_branches is not None and name != "e2e_fkl_is":
-        raise ValueError(f"greedy-path branches are a term of e2e_fkl_is, not of {name!r}")
-    if name in ("e2e_fkl", "e2e_fkl_is"):
-        greedy = None
-        if greedy_branches is not None:
-            greedy = _check_greedy(greedy_branches, greedy_tokens, greedy_weight, row_index, draft_logits.shape[1])
-        return _e2e_fkl_tree(target_rows, draft_logits, row_draft, row_index, with_alpha,
-                             row_token=row_token if name == "e2e_fkl_is" else None,
-                             sample_temperature=sample_temperature, greedy=greedy)
-    per_row = _PER_TOKEN[name](target_rows, draft_logits[row_draft], reduction="none")  # [R]
-    mult = torch.bincount(row_index.reshape(-1), minlength=target_rows.shape[0]).to(per_row.dtype)
-    loss = (per_row * mult).sum() / mult.sum().clamp(min=1)
-    if not with_alpha:
-        return loss, None
-    with torch.no_grad():
-        return loss, tree_alpha(target_rows, draft_logits.detach(), row_draft, row_index)
+    return _e2e_fkl_tree(target_rows, draft_logits, row_draft, row_index, with_alpha)
+
+
+def tree_e2e_fkl_is(target_rows, draft_logits, row_draft, row_index, with_alpha: bool = True, *,
+                    row_token: Optional[torch.Tensor] = None, sample_temperature: float = 1.0,
+                    greedy_branches: Optional[torch.Tensor] = None, greedy_tokens: Optional[torch.Tensor] = None,
+                    greedy_weight: float = 0.5, **_):
+    """E2E-KL with accepted-prefix weights over the tree; needs ``row_token`` (int64 ``[R]``) and the branches'
+    ``sample_temperature`` (> 0); optional greedy-path branches (:func:`_greedy_mix`, checked by
+    :func:`_check_greedy`). Raises ValueError on a missing or malformed ``row_token``, a non-positive temperature
+    or bad greedy-path branches."""
+    _check(target_rows, draft_logits, row_draft, row_index)
+    name = "e2e_fkl_is"
+    if row_token is None or row_token.dtype != torch.int64 or row_token.shape != (target_rows.shape[0],):
+        raise ValueError(f"loss {name!r} needs row_token: int64 [{target_rows.shape[0]}] (the drafted token "
+                         f"at each tree row), got {None if row_token is None else tuple(row_token.shape)}")
+    if not sample_temperature > 0:
+        raise ValueError(f"sample_temperature must be > 0, got {sample_temperature}")
+    greedy = None
+    if greedy_branches is not None:
+        greedy = _check_greedy(greedy_branches, greedy_tokens, greedy_weight, row_index, draft_logits.shape[1])
+    return _e2e_fkl_tree(target_rows, draft_logits, row_draft, row_index, with_alpha, row_token=row_token,
+                         sample_temperature=sample_temperature, greedy=greedy)
+
+
+def tree_per_token(per_token: Callable) -> Callable:
+    """The tree form of a per-token loss ``per_token(target, draft, reduction="none") -> [R]`` (tv, fkl, rkl): the
+    mean over the N*G (branch, slot) pairs, i.e. a multiplicity-weighted mean over the R rows."""
+
+    def form(target_rows, draft_logits, row_draft, row_index, with_alpha: bool = True, **_):
+        _check(target_rows, draft_logits, row_draft, row_index)
+        per_row = per_token(target_rows, draft_logits[row_draft], reduction="none")  # [R]
+        mult = torch.bincount(row_index.reshape(-1), minlength=target_rows.shape[0]).to(per_row.dtype)
+        loss = (per_row * mult).sum() / mult.sum().clamp(min=1)
+        if not with_alpha:
+            return loss, None
+        with torch.no_grad():
+            return loss, tree_alpha(target_rows, draft_logits.detach(), row_draft, row_index)
+
+    form.__name__ = form.__qualname__ = f"tree_{per_token.__name__}"
+    return form
 
 
 def _tree_accept_ratio(target_rows, draft_logits, row_draft, row_index, row_token, temperature: float,

@@ -4,7 +4,8 @@ A loop supplies ``step_fn(step, gen) -> (loss: float, metrics: dict)`` that runs
 optimiser step (so it can accumulate over sequences, with DDP ``no_sync`` where needed); the engine zeroes
 gradients, sets the LR (linear warmup + cosine), clips, steps AdamW, logs a CSV row every ``log_every`` steps,
 writes an atomic checkpoint every ``ckpt_every`` steps and at the end, and resumes from the run directory's
-latest checkpoint (the step RNG is a pure function of (seed, step, rank), so resume is exact).
+latest checkpoint (the step RNG is a pure function of (seed, step, rank), so resume is exact). The progress bar
+(:mod:`.progress`) runs over steps, or over training seconds when a time budget is set.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from specopd_trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from specopd_trainer.loops.common import dist_info, lr_at, step_generator
+from specopd_trainer.loops.progress import TrainProgress
 
 
 def run_training(drafter, step_fn: Callable[[int, torch.Generator], Tuple[float, Dict]], run_dir: str | Path, *,
@@ -50,11 +52,8 @@ def run_training(drafter, step_fn: Callable[[int, torch.Generator], Tuple[float,
         opt.load_state_dict(state["optimizer"])
         start, wall_before = int(state["step"]), float(state.get("wall_s", 0.0))
     log_path = run_dir / "metrics.jsonl"
-    bar = None
-    if progress and rank == 0:
-        from tqdm import tqdm
-
-        bar = tqdm(total=steps, initial=start, desc=desc, dynamic_ncols=True)
+    bar = TrainProgress(desc=desc, steps=steps, start_step=start, max_minutes=max_minutes, wall_before=wall_before,
+                        enabled=progress and rank == 0)
     t0 = time.monotonic()
     step, loss, metrics = start, float("nan"), {}
     last_ckpt = start
@@ -89,14 +88,11 @@ def run_training(drafter, step_fn: Callable[[int, torch.Generator], Tuple[float,
             checkpoint()
         if on_step is not None:
             on_step(step, metrics)
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.4f}", **{k: f"{v:.3f}" for k, v in metrics.items()
-                                                    if isinstance(v, float)})
+        bar.update(step, wall, {"loss": f"{loss:.4f}", **{k: f"{v:.3f}" for k, v in metrics.items()
+                                                          if isinstance(v, float)}})
     if step > start and step != last_ckpt:
         checkpoint()
-    if bar is not None:
-        bar.close()
+    bar.close()
     return {"steps": step, "loss": loss, "wall_s": wall_before + time.monotonic() - t0, "metrics": metrics}
 
 

@@ -6,7 +6,7 @@ call, so the target computes each reference prefix once for ``minibatches`` time
 the fixed part of a tree forward's cost: measured ~0.2 s per 434-token SmolLM2 reference on 2 CPU cores, against
 ~0.5 ms per tree row). The branch anchors are split at random into ``minibatches`` disjoint shares of
 ``anchors_per_seq`` per sequence, each with ``root_anchors_per_seq`` root anchors of its own (prefix rows: free to
-score, so drawn afresh per share); :func:`minibatch_loss` computes one share's loss with the drafter as it is at that optimizer step (its
+score, so drawn afresh per share); :func:`specopd_trainer.algorithms.specopd.loss.minibatch_loss` computes one share's loss with the drafter as it is at that optimizer step (its
 q, alpha and acceptance ratios are the current drafter's; only the branch tokens were drawn from the drafter of
 the batch's first step, a few optimizer steps older: PPO-style minibatch reuse). ``minibatches = 1`` is the plain
 SpecOPD step: the sampling forward is the loss forward.
@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import torch
 
@@ -94,7 +94,7 @@ def sample_and_score(drafter, client, seqs: List, cfg, gen: torch.Generator,
     loss reuses it); otherwise it runs without gradient (sampling only). Raises ValueError when no sequence has a
     response position to anchor at, RuntimeError when the server returns the wrong number of rows."""
     from specopd_trainer.loops.branch_tree import pack_branches
-    from specopd_trainer.loops.specopd import draft_slot_logits, reference_blocks, sample_branches
+    from specopd_trainer.algorithms.specopd.sampling import draft_slot_logits, reference_blocks, sample_branches
 
     mb = minibatches or cfg.minibatches
     g = drafter.block_size - 1
@@ -170,65 +170,3 @@ def _attach_rows(shares: List[Share], plan, hidden: torch.Tensor) -> None:
         roots = torch.tensor([anchor_row[a] for a in sh.roots.tolist()], dtype=torch.long)
         sh.hidden = torch.cat([hidden[a_off: a_off + a_n], hidden[roots], hidden[n_off: n_off + nodes]])
         a_off, n_off = a_off + a_n, n_off + nodes
-
-
-def minibatch_loss(drafter, batch: ScoredBatch, m: int, cfg) -> Tuple[torch.Tensor, Dict]:
-    """Loss (fp32 scalar with graph) and metrics of minibatch ``m`` of ``batch`` with the drafter as it is now.
-
-    Per share: the drafter's slot logits at its anchors (``[A, G, V]``) and roots (``[R, V]``), the target rows
-    through the frozen head (:func:`target_head_logits`), the tree loss of ``cfg.loss``
-    (:func:`specopd_kernels.losses.tree_loss_and_alpha`) plus, with root anchors,
-    :func:`root_slot1_correction`; the loss is the anchor-weighted mean over shares. Metrics as in
-    :func:`specopd_trainer.loops.specopd.specopd_step` (``draft_s`` / ``score_s`` include the batch's sampling and
-    scoring at its first minibatch, 0 at the others)."""
-    from specopd_kernels.losses import expected_acceptance_length, tree_loss_and_alpha
-    from specopd_trainer.loops.specopd import (ROOT_LOSSES, draft_slot_logits, root_slot1_correction,
-                                               target_head_logits)
-
-    g = drafter.block_size - 1
-    kb = cfg.branches_per_anchor
-    t0 = time.monotonic()
-    total, alphas, taus, n, rows, n_root, fwd_s = 0.0, [], [], 0, 0, 0, 0.0
-    head = drafter._head()
-    for sh in batch.parts[m]:
-        a_n, r_n = sh.anchors.numel(), sh.roots.numel()
-        q, q_root = sh.q, sh.q_root
-        if q is None:
-            tf = time.monotonic()
-            with compute_autocast(cfg, drafter._device()):
-                q, q_root = draft_slot_logits(drafter, sh.seq, sh.anchors, sh.roots, cfg.compute_dtype)
-            fwd_s += time.monotonic() - tf
-        sh.q = sh.q_root = None  # the graph is consumed by this step's backward
-        if a_n == 0:
-            continue
-        with torch.no_grad():  # tree rows (branch anchors, then nodes) and root rows, no [rows, V] copy
-            tree = torch.cat([sh.hidden[:a_n], sh.hidden[a_n + r_n:]]) if r_n else sh.hidden
-            # [A + nodes, V]; the E2E-KL losses stream bf16 rows in fp32 chunks (no [rows, V] fp32 copy)
-            p_rows = target_head_logits(head, tree, cfg.head_dtype, fp32_out=cfg.loss not in ROOT_LOSSES)
-            p_root = target_head_logits(head, sh.hidden[a_n: a_n + r_n], cfg.head_dtype)  # [R, V]
-        pk = sh.packed
-        greedy = {}
-        if sh.ref is not None:
-            greedy = {"greedy_branches": torch.arange(a_n) * kb + cfg.branches, "greedy_tokens": sh.ref,
-                      "greedy_weight": cfg.reference_branch}
-        loss, alpha = tree_loss_and_alpha(cfg.loss, p_rows, q.reshape(-1, q.shape[-1]), pk.row_anchor * g + pk.row_slot,
-                                          pk.row_index, row_token=pk.row_token, sample_temperature=cfg.temperature,
-                                          **greedy)
-        if r_n:
-            loss = loss + root_slot1_correction(loss_alpha=alpha, kb=kb, g=g, p_anchor=p_rows[:a_n].float(),
-                                                q_anchor=q[:, 0],
-                                                p_root=p_root, q_root=q_root, weights=cfg.loss)
-        alpha = alpha.view(a_n, kb, g)[:, : cfg.branches].reshape(-1, g)  # metrics: sampled branches
-        _, tau = expected_acceptance_length(alpha)
-        total = total + loss * a_n
-        n, n_root, rows = n + a_n, n_root + r_n, rows + sh.hidden.shape[0]
-        alphas.append(alpha.mean(0))
-        taus.append(float(tau.mean()))
-    if n == 0:
-        raise ValueError(f"minibatch {m} of this scored batch has no branch anchor")
-    first = m == 0
-    metrics = {"alpha": torch.stack(alphas).mean(0).tolist(), "est_tau": sum(taus) / len(taus),
-               "supervised_tokens": n * kb * g + n_root, "root_anchors": n_root, "scored_rows": rows,
-               "draft_s": (batch.draft_s if first else 0.0) + fwd_s, "score_s": batch.score_s if first else 0.0,
-               "loss_s": time.monotonic() - t0 - fwd_s}
-    return total / n, metrics

@@ -3,43 +3,21 @@
 Per step: ``seqs_per_step`` sequences, ``anchors_per_seq`` random anchors each (response positions), one drafter
 forward per sequence with the anchor-block training mask, loss ``ce_decay`` (DFlash, z-lab/dflash and SpecForge
 ``specforge/core/dflash.py``: w_k = exp(-(k-1)/gamma) over slots k = 1..B-1). Optimiser, schedule, checkpoints
-and exact resume come from :mod:`.engine`. Under ``torchrun`` the loss module is wrapped in DDP (gloo on CPU),
-each rank samples its own sequences and only the last backward of a step all-reduces.
+and exact resume come from :mod:`specopd_trainer.loops.engine`. Under ``torchrun`` the loss module is wrapped in DDP
+(gloo on CPU), each rank samples its own sequences and only the last backward of a step all-reduces.
 """
 
 from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import List, Optional
+from typing import List
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
+from specopd_trainer.algorithms.sft.config import SFTConfig
 from specopd_trainer.loops.common import dist_info, mean_walk_tau, sample_anchors
 from specopd_trainer.loops.engine import run_training
-
-
-class SFTConfig(BaseModel):
-    """SFT hyper-parameters (strict: unknown keys rejected)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    steps: int = Field(default=1000, ge=1)
-    max_minutes: Optional[float] = Field(default=None, gt=0)
-    seqs_per_step: int = Field(default=8, ge=1)
-    anchors_per_seq: int = Field(default=16, ge=1)
-    lr: float = Field(default=1e-3, gt=0)
-    warmup_steps: int = Field(default=30, ge=0)
-    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
-    weight_decay: float = Field(default=0.0, ge=0)
-    grad_clip: float = Field(default=1.0, gt=0)
-    gamma_decay: float = Field(default=5.0, gt=0)
-    seed: int = 0
-    log_every: int = Field(default=10, ge=1)
-    ckpt_every: int = Field(default=50, ge=1)
-    eval_every: int = Field(default=100, ge=1)
-    eval_sequences: int = Field(default=12, ge=1)
 
 
 class DrafterLoss(torch.nn.Module):

@@ -1,4 +1,4 @@
-"""Sequential-rollout OPD: the baseline SpecOPD replaces (same E2E-TV loss, supervision from real rollouts).
+"""Sequential-rollout OPD's rollouts and their loss (same E2E-TV loss as SpecOPD, supervision from real rollouts).
 
 One step: the current drafter is pushed into the live server (hot swap), real draft-and-verify rollouts run
 through the SPECOPD worker at ``temperature`` (``/generate`` with the per-request acceptance trace); each verify
@@ -48,7 +48,7 @@ def rollout_step(drafter, client, rollouts: List[Rollout], layer_ids: List[int],
     from sglang_specopd.wire.protocol import ScoreTreesRequest
     from specopd_kernels.losses import expected_acceptance_length, tree_loss_and_alpha
     from specopd_trainer.loops.branch_tree import pack_branches
-    from specopd_trainer.loops.specopd import target_head_logits
+    from specopd_trainer.loops.head import target_head_logits
 
     B = drafter.block_size
     g = B - 1

@@ -1,0 +1,192 @@
+"""The training-algorithm registry and the ``specopd train <algorithm>`` commands generated from it (no server).
+
+A throw-away algorithm registered here (and nowhere else) shows up in ``specopd train --help`` and runs through
+CliRunner with options derived from its config (recipe defaults, flags, bool and Literal options), a faked server
+session and faked prompts. Option errors of ``specopd train *`` and ``specopd main`` are one ``error:`` line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal, Optional
+
+import pytest
+from pydantic import BaseModel, ConfigDict, Field
+
+from specopd_trainer.algorithms import registry
+from specopd_trainer.algorithms.registry import Algorithm, RunReport, TrainContext
+
+SEEN: dict = {}
+
+
+class DummyConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    steps: int = Field(default=5, ge=1, description="Total optimiser steps.")
+    max_minutes: Optional[float] = Field(default=None, gt=0, description="Time budget.")
+    greeting: str = Field(default="hello", description="What to say.")
+    scale: float = Field(default=1.0, gt=0, description="A positive scale: used by nothing.")
+    loud: bool = Field(default=False, description="Say it loudly.")
+    mode: Literal["a", "b"] = Field(default="a", description="One of two modes.")
+    hidden_knob: int = Field(default=7, description="Not a CLI option.")
+
+
+def dummy_run(ctx: TrainContext, cfg: DummyConfig) -> RunReport:
+    SEEN.update(ctx=ctx, cfg=cfg)
+    ctx.push(cfg.steps, ctx.drafter)
+    return RunReport({"steps": cfg.steps}, (("greeting", cfg.greeting.upper() if cfg.loud else cfg.greeting),
+                                            ("scale", registry.fmt(cfg.scale, 2))))
+
+
+DUMMY = Algorithm(name="dummy-algo", title="Dummy", help="A throw-away algorithm of the tests.\n\nMore help.",
+                  config=DummyConfig, run=dummy_run, recipe={"scale": 2.5}, data="prompts",
+                  flags={"greeting": "--say"}, hidden=("hidden_knob",), version_prefix="dum")
+
+
+@pytest.fixture()
+def dummy():
+    registry.register(DUMMY)
+    SEEN.clear()
+    yield DUMMY
+    registry.unregister(DUMMY.name)
+
+
+def cli(*args: str):
+    from typer.testing import CliRunner
+
+    from sglang_specopd.app.cli import _register_subcommands, app
+
+    _register_subcommands()
+    res = CliRunner().invoke(app, list(args), env={"SPECOPD_ADMIN_KEY": None, "SPECOPD_API_KEY": None,
+                                                   "COLUMNS": "240", "TERMINAL_WIDTH": "240"})
+    assert "Traceback" not in res.output, res.output
+    return res
+
+
+class FakeDrafter:
+    def save_pretrained(self, out: Path, overwrite: bool = False) -> Path:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "model.safetensors").write_text("x")
+        return out
+
+
+class FakeSession:
+    """Stands in for :class:`sglang_specopd.app.train_session._Session` (no server)."""
+
+    def __init__(self, server, api_key, admin_key, init, target, *, need_push, say):
+        self.url, self.init, self.target, self.client = server, "INIT", "TARGET", object()
+        self.push_enabled = admin_key is not None
+        SEEN["need_push"] = need_push
+
+    def load_drafter(self):
+        return FakeDrafter()
+
+    def pusher(self, prefix, versions):
+        def push(step, drafter):
+            versions.append(f"{prefix}-step{step}")
+
+        return push if self.push_enabled else None
+
+    def serving_version(self):
+        return "served"
+
+
+@pytest.fixture()
+def no_server(monkeypatch):
+    import sglang_specopd.app.train_data as td
+    import sglang_specopd.app.train_session as ts
+
+    monkeypatch.setattr(ts, "_Session", FakeSession)
+    monkeypatch.setattr(td, "_load_prompts", lambda sess, data, *, per_domain, max_prompt_tokens: [[1, 2], [3]])
+
+
+def one_error_line(res, code: int = 2) -> str:
+    assert res.exit_code == code, res.output
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    return lines[0]
+
+
+def test_builtin_algorithms_are_registered_with_light_imports() -> None:
+    import subprocess
+    import sys
+
+    assert registry.names()[:3] == ["specopd", "sft", "sequential-opd"]
+    code = ("import sys; from specopd_trainer.algorithms import registry; registry.names(); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr  # `specopd train --help` does not load torch
+
+
+def test_registry_rejects_bad_entries(dummy) -> None:
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register(Algorithm(name="dummy-algo", title="x", help="x", config=DummyConfig, run=dummy_run))
+    with pytest.raises(ValueError, match="not fields of DummyConfig"):
+        Algorithm(name="bad", title="x", help="x", config=DummyConfig, run=dummy_run, recipe={"nope": 1})
+    with pytest.raises(registry.UnknownAlgorithmError, match="registered: specopd, sft, sequential-opd, dummy-algo"):
+        registry.get("nope")
+    assert dummy.make_config(steps=3) == DummyConfig(steps=3, scale=2.5)
+
+
+def test_dummy_algorithm_is_listed_and_runs_through_the_cli(dummy, no_server, tmp_path: Path) -> None:
+    res = cli("train", "--help")
+    assert res.exit_code == 0 and "dummy-algo" in res.stdout and "A throw-away algorithm of the tests." in res.stdout
+    res = cli("train", "dummy-algo", "--help")
+    assert res.exit_code == 0
+    for flag in ("--say", "--scale", "--loud", "--mode", "--steps", "--server", "--max-prompt-tokens"):
+        assert flag in res.stdout, flag
+    assert "--hidden-knob" not in res.stdout and "--max-new-tokens" not in res.stdout
+
+    run = tmp_path / "run"
+    res = cli("train", "dummy-algo", "--server", "http://fake", "--admin-key", "k", "--data", "math", "--run-dir",
+              str(run), "--say", "hi", "--loud", "--mode", "b", "--steps", "3", "--no-progress")
+    assert res.exit_code == 0, res.output
+    assert SEEN["cfg"] == DummyConfig(steps=3, greeting="hi", scale=2.5, loud=True, mode="b")  # scale: the recipe
+    ctx = SEEN["ctx"]
+    assert ctx.prompts == [[1, 2], [3]] and ctx.run_dir == run and ctx.progress is False and SEEN["need_push"] is False
+    assert "HI" in res.stdout and "2.50" in res.stdout and "dum-run-step3" in res.stdout
+    assert "starting Dummy in" in res.stderr and "2 prompts" in res.stderr
+    recorded = json.loads((run / "run_config.json").read_text())
+    assert recorded["method"] == "dummy-algo" and recorded["greeting"] == "hi" and recorded["hidden_knob"] == 7
+
+
+def test_specopd_command_defaults_are_the_validated_recipe(monkeypatch) -> None:
+    import sglang_specopd.app.train_commands as tc
+
+    got = {}
+    monkeypatch.setattr(tc, "run_algorithm", lambda alg, *, options, **shared: got.update(options=options,
+                                                                                         **shared))
+    res = cli("train", "specopd", "--server", "http://fake")
+    assert res.exit_code == 0, res.output
+    cfg = registry.get("specopd").make_config(**got["options"])
+    assert (cfg.loss, cfg.anchors_per_seq, cfg.branches, cfg.root_anchors_per_seq, cfg.seqs_per_step, cfg.lr,
+            cfg.push_every, cfg.steps) == ("e2e_fkl_is", 8, 7, 64, 2, 1e-3, 32, 256)
+    assert cfg == registry.get("specopd").make_config()
+    assert got["run_dir"] == Path("runs/specopd") and got["max_new_tokens"] == 160
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["train", "dummy-algo", "--server", "http://fake", "--scale", "-1"], "bad option --scale: Input should be greater than 0"),
+    (["train", "dummy-algo"], "Missing option '--server'"),
+    (["train", "dummy-algo", "--server", "http://fake", "--steps", "many"], "'--steps'"),
+    (["train", "dummy-algo", "--server", "http://fake", "--mode", "c"], "'--mode'"),
+    (["train", "no-such-algo"], "No such command 'no-such-algo'"),
+    (["train", "specopd", "--server", "http://fake", "--loss", "nope"], "unknown SpecOPD loss 'nope'"),
+    (["train", "specopd", "--server", "http://fake", "--loss", "e2e_tv"], "--root-anchors"),
+    (["main", "--specopd-steps", "0"], "bad option --specopd-steps: Input should be greater than or equal to 1"),
+    (["main", "--eval-limit", "0"], "bad option --eval-limit"),
+    (["main", "--eval-limit", "x"], "'--eval-limit'"),
+])
+def test_option_errors_are_one_line(dummy, no_server, args, needle) -> None:
+    line = one_error_line(cli(*args))
+    assert needle in line, line
+
+
+def test_main_job_output_is_formatted() -> None:
+    from sglang_specopd.app.main_job import describe_pushes, format_timings
+
+    assert describe_pushes([24, 48, 72, 96, 120]) == "redeployed hot 5 times (steps 24, 48, ..., 120)"
+    assert describe_pushes([7]) == "redeployed hot 1 time (step 7)" and describe_pushes([]) == "not redeployed"
+    assert format_timings({"collect_s": 45.4, "sft_s": 361.0, "specopd_s": 610.6}) == \
+        "collect 45 s, sft 361 s, specopd 611 s"

@@ -1,0 +1,30 @@
+"""SFT: the DFlash drafter on the target's own responses, loss ``ce_decay`` (the baseline SpecOPD starts from).
+
+Modules: :mod:`.config` (:class:`SFTConfig`), :mod:`.loop` (:func:`train_sft`), :mod:`.run` (the registry's run).
+"""
+
+from __future__ import annotations
+
+from specopd_trainer.algorithms.registry import Algorithm, register
+from specopd_trainer.algorithms.sft.config import SFTConfig
+
+
+def _run(ctx, cfg):
+    from specopd_trainer.algorithms.sft.run import run
+
+    return run(ctx, cfg)
+
+
+ALGORITHM = register(Algorithm(
+    name="sft",
+    title="SFT",
+    help="SFT on the target's own responses (loss ce_decay); the trained drafter is pushed hot at the end.\n\n"
+         "Runs under `torchrun` as DDP.",
+    config=SFTConfig,
+    run=_run,
+    recipe={},  # SFT runs on its config defaults
+    data="sequences",
+    flags={"anchors_per_seq": "--anchors", "warmup_steps": "--warmup"},
+))
+
+__all__ = ["ALGORITHM", "SFTConfig"]
