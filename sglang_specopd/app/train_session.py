@@ -84,12 +84,16 @@ class _Session:
         return init
 
     def load_drafter(self):
-        from sglang_specopd.wire.drafter_format import spec_to_dict
-        from specopd_trainer.drafters.dflash import DFlashDrafter
+        from sglang_specopd.wire.drafter_archs import spec_as_dict
+        from specopd_trainer.drafters.registry import drafter_class_for_checkpoint
 
-        drafter = DFlashDrafter.from_pretrained(self.init, self.target)
+        drafter = drafter_class_for_checkpoint(self.init).from_pretrained(self.init, self.target)
         if self.push_enabled:
-            serving, mine = self.info.get("spec") or {}, spec_to_dict(drafter.spec)
+            serving_arch, mine_arch = self.info.get("arch"), drafter.drafter_arch.name
+            if serving_arch is not None and serving_arch != mine_arch:
+                raise _TrainFail(f"the drafter {self.init} is a {mine_arch} drafter but the server serves a "
+                                 f"{serving_arch} drafter; pushes would be refused")
+            serving, mine = self.info.get("spec") or {}, spec_as_dict(drafter.spec)
             diff = [k for k in serving if k != "dtype" and serving[k] != mine.get(k)]
             if diff:
                 raise _TrainFail(f"the drafter {self.init} cannot replace the serving one (differs in "

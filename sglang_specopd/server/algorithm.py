@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import logging
 
+from sglang_specopd.server import compat
+
 logger = logging.getLogger("sglang_specopd.server.algorithm")
 
 ALGORITHM_NAME = "SPECOPD"
 
 
 def _make_spec_class():
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-    from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+    SpeculativeAlgorithm = compat.get("SpeculativeAlgorithm")
+    CustomSpecAlgo = compat.get("CustomSpecAlgo")
 
     dflash = SpeculativeAlgorithm.DFLASH
     own = {"is_some", "is_none", "is_speculative", "handle_server_args", "create_worker"}
@@ -42,13 +44,13 @@ def _make_spec_class():
 
 
 def _make_worker_class():
-    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
-
     from sglang_specopd.server.hot_swap import current_version
     from sglang_specopd.server.traces import record_verify_step, record_versions, wants_trace
 
-    from sglang.srt.speculative.dflash_worker_v2 import _commit_accept, is_dense_head_weight
-    from sglang.srt.speculative.dspark_components.dspark_draft import resolve_greedy_mask
+    DFlashWorkerV2 = compat.get("DFlashWorkerV2")
+    _commit_accept = compat.get("_commit_accept")
+    is_dense_head_weight = compat.get("is_dense_head_weight")
+    resolve_greedy_mask = compat.get("resolve_greedy_mask")
 
     from sglang_specopd.server.sampled_drafts import draft_sampling_mode, sample_block, verify_block
 
@@ -117,29 +119,18 @@ def _make_worker_class():
 
 def resolve_specopd_server_args(result, server_args):
     """AFTER hook on ``handle_speculative_decoding``: give SPECOPD the DFLASH resolution (block size, backends)."""
-    from sglang.srt.arg_groups.overrides import resolving_view
-    import sglang.srt.arg_groups.speculative_hook as spec_hook
-
-    if (resolving_view(server_args).speculative_algorithm or "").upper() == ALGORITHM_NAME:
-        spec_hook._handle_dflash(server_args)
+    if (compat.get("resolving_view")(server_args).speculative_algorithm or "").upper() == ALGORITHM_NAME:
+        compat.get("_handle_dflash")(server_args)
     return result
 
 
 def register_algorithm() -> None:
     """Register ``SPECOPD`` with SGLang (idempotent per process)."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-    from sglang.srt.speculative.spec_registry import get_spec
-
-    if get_spec(ALGORITHM_NAME) is not None:
+    if compat.get("get_spec")(ALGORITHM_NAME) is not None:
         return
 
-    @SpeculativeAlgorithm.register(ALGORITHM_NAME, supports_overlap=True, spec_class=_make_spec_class())
+    @compat.get("SpeculativeAlgorithm.register")(ALGORITHM_NAME, supports_overlap=True, spec_class=_make_spec_class())
     def _factory(server_args):
         return _make_worker_class()
 
-    HookRegistry.register(
-        "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding",
-        resolve_specopd_server_args,
-        HookType.AFTER,
-    )
+    compat.hook("handle_speculative_decoding", resolve_specopd_server_args)

@@ -13,7 +13,9 @@ import logging
 import traceback
 from typing import Callable, Dict
 
-from sglang.srt.managers.io_struct import BaseReq
+from sglang_specopd.server import compat
+
+BaseReq = compat.get("BaseReq")  # SGLang's msgspec IPC struct base
 
 logger = logging.getLogger("sglang_specopd.server.control")
 
@@ -61,7 +63,7 @@ def handle_control(scheduler, req: SpecOPDControlReq) -> SpecOPDControlOutput:
 
 def add_scheduler_dispatch(result, self, *args, **kwargs):
     """AFTER hook for ``Scheduler.init_request_dispatcher``: route SpecOPDControlReq to :func:`handle_control`."""
-    from sglang.utils import TypeBasedDispatcher
+    TypeBasedDispatcher = compat.get("TypeBasedDispatcher")
 
     self._request_dispatcher += TypeBasedDispatcher([(SpecOPDControlReq, lambda r: handle_control(self, r))])
     return result
@@ -69,9 +71,7 @@ def add_scheduler_dispatch(result, self, *args, **kwargs):
 
 async def call(op_name: str, payload: bytes = b"") -> SpecOPDControlOutput:
     """HTTP side: send one op to the scheduler and await its reply."""
-    from sglang.srt.entrypoints.http_server import get_global_state
-
-    tm = get_global_state().tokenizer_manager
+    tm = compat.get("get_global_state")().tokenizer_manager
     tm.auto_create_handle_loop()
     comm = getattr(tm, f"{COMMUNICATOR_NAME}_communicator")
     results = await comm(SpecOPDControlReq(op=op_name, payload=payload))
@@ -80,13 +80,8 @@ async def call(op_name: str, payload: bytes = b"") -> SpecOPDControlOutput:
 
 def register_control() -> None:
     """Register the IPC types (every process), the communicator spec and the scheduler dispatch hook."""
-    from sglang.srt.managers import tokenizer_control_mixin
-    from sglang.srt.managers.io_struct import hook_custom_types
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    hook_custom_types(SpecOPDControlReq, SpecOPDControlOutput)
-    specs = tokenizer_control_mixin._COMMUNICATOR_SPECS
+    compat.get("hook_custom_types")(SpecOPDControlReq, SpecOPDControlOutput)
+    specs = compat.get("_COMMUNICATOR_SPECS")  # mutated in place: SGLang builds one communicator per entry
     if not any(s[0] == COMMUNICATOR_NAME for s in specs):
         specs.append((COMMUNICATOR_NAME, SpecOPDControlOutput))
-    HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.init_request_dispatcher",
-                          add_scheduler_dispatch, HookType.AFTER)
+    compat.hook("Scheduler.init_request_dispatcher", add_scheduler_dispatch)

@@ -23,10 +23,6 @@ def extend_kwargs_in_model_dtype(result, self, forward_batch, pp_proxy_tensors=N
 
 def register_fixes() -> None:
     """Register the fixes above with SGLang's HookRegistry."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang_specopd.server import compat
 
-    HookRegistry.register(
-        "sglang.srt.model_executor.model_runner.ModelRunner._extend_forward_kwargs",
-        extend_kwargs_in_model_dtype,
-        HookType.AFTER,
-    )
+    compat.hook("ModelRunner._extend_forward_kwargs", extend_kwargs_in_model_dtype)

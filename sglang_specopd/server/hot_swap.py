@@ -4,8 +4,10 @@
 tensors; the safetensors metadata holds ``{"config": <config.json dict>, "version": str}``) or JSON
 ``{"path": DIR, "version": str}`` naming a drafter directory the server reads. Before anything changes:
 
-* provenance: ``config.architectures == ["DFlashDraftModel"]`` and the new config describes the SAME drafter
-  (every :class:`~sglang_specopd.wire.drafter_format.DrafterSpec` field equal to the serving drafter's, dtype aside);
+* provenance: ``config.architectures`` names the serving drafter's architecture in the registry
+  (:mod:`sglang_specopd.wire.drafter_archs`; ``["DFlashDraftModel"]`` for DFlash: a swap never changes the
+  architecture) and the new config describes the SAME drafter (every spec field, e.g. of
+  :class:`~sglang_specopd.wire.drafter_format.DrafterSpec`, equal to the serving drafter's, dtype aside);
 * names: exactly the serving drafter's checkpoint tensor names (no missing, no extra: a target checkpoint, whose
   layers are called ``model.layers.*``, can never pass, unlike SGLang's own ``update_weights_from_disk``);
 * shapes equal, dtypes floating, values finite; ``sha256`` of the body checked when given.
@@ -45,11 +47,11 @@ def _worker(scheduler):
 
 
 def _serving_spec(scheduler):
-    from sglang_specopd.wire.drafter_format import read_drafter_spec
+    from sglang_specopd.wire.drafter_archs import load_drafter_spec
 
     if _STATE["spec"] is None:
         path = scheduler.server_args.speculative_draft_model_path
-        _STATE["spec"] = read_drafter_spec(path)
+        _STATE["spec"] = load_drafter_spec(path)
     return _STATE["spec"]
 
 
@@ -60,22 +62,35 @@ def _same_drafter(a, b) -> list:
 
 
 def validate_swap(serving_spec, config: dict, tensors: Dict[str, torch.Tensor]) -> None:
-    """Raise ``ValueError`` with the first problem if ``(config, tensors)`` is not a drop-in for the serving drafter."""
-    from sglang_specopd.wire.drafter_format import expected_tensors, spec_from_config
+    """Raise ``ValueError`` with the first problem if ``(config, tensors)`` is not a drop-in for the serving drafter.
 
+    ``serving_spec`` is a spec of a registered drafter architecture; ``config`` must name the same architecture
+    (another registered one, e.g. a DSpark checkpoint on a DFlash server, is refused: "cannot change the drafter
+    architecture"), describe the same drafter (dtype aside) and come with exactly its tensors: same names and
+    shapes, floating dtypes, finite values."""
+    from sglang_specopd.wire.drafter_archs import UnknownDrafterArchError, arch_for_config, arch_for_spec
+
+    serving = arch_for_spec(serving_spec)
     if not isinstance(config, dict):
         raise ValueError(f"refused: the drafter config must be a JSON object, got {type(config).__name__}")
-    if config.get("architectures") != ["DFlashDraftModel"]:
-        raise ValueError(f"refused: config.architectures is {config.get('architectures')!r}, not "
-                         "['DFlashDraftModel'] (is this a target checkpoint?)")
     try:
-        spec = spec_from_config(config)
+        arch = arch_for_config(config)
+    except UnknownDrafterArchError:
+        raise ValueError(f"refused: config.architectures is {config.get('architectures')!r}, not "
+                         f"[{serving.architecture!r}] of the serving {serving.name} drafter (is this a target "
+                         "checkpoint?)") from None
+    if arch is not serving:
+        raise ValueError(f"refused: config.architectures is {config.get('architectures')!r}, a {arch.name} drafter, "
+                         f"but a {serving.name} drafter ([{serving.architecture!r}]) is serving; a swap cannot "
+                         "change the drafter architecture (restart the server with the new drafter)")
+    try:
+        spec = arch.parse_config(config)
     except ValueError as exc:
         raise ValueError(f"refused: invalid drafter config: {exc}") from None
     diff = _same_drafter(serving_spec, spec)
     if diff:
         raise ValueError(f"refused: the new drafter differs from the serving one in {', '.join(diff)}")
-    want = expected_tensors(serving_spec)
+    want = serving.expected_tensors(serving_spec)
     missing = sorted(set(want) - set(tensors))
     extra = sorted(set(tensors) - set(want))
     if missing or extra:
@@ -158,11 +173,13 @@ def swap_drafter_op(scheduler, payload: bytes):
 @op("drafter_info")
 def drafter_info_op(scheduler, payload: bytes):
     """Scheduler op: the serving drafter's version, swap count, path and spec."""
-    from sglang_specopd.wire.drafter_format import spec_to_dict
+    from sglang_specopd.wire.drafter_archs import arch_for_spec, spec_as_dict
 
     worker = getattr(scheduler, "draft_worker", None)
     info = {"version": _STATE["version"], "swaps": _STATE["swaps"], "has_drafter": worker is not None}
     if worker is not None and hasattr(worker, "draft_model"):
         info["path"] = scheduler.server_args.speculative_draft_model_path
-        info["spec"] = spec_to_dict(_serving_spec(scheduler))
+        spec = _serving_spec(scheduler)
+        info["arch"] = arch_for_spec(spec).name
+        info["spec"] = spec_as_dict(spec)
     return 200, "ok", json.dumps(info).encode()

@@ -1,7 +1,8 @@
 """SGLang general-plugin entry point (``[project.entry-points."sglang.srt.plugins"] specopd``).
 
 SGLang calls :func:`register` early in every server process (launcher, tokenizer manager, scheduler,
-detokenizer). It registers the SPECOPD speculative algorithm, the trace-carrying output streamer, and, only on
+detokenizer). After checking that the installed SGLang still has every symbol the plugin uses
+(:mod:`sglang_specopd.server.compat`), it registers the SPECOPD speculative algorithm, the trace-carrying output streamer, and, only on
 SGLang's CPU engine, the CPU adaptations in :mod:`sglang_specopd.server.cpu.patches`.
 """
 
@@ -15,13 +16,25 @@ logger = logging.getLogger("sglang_specopd")
 
 
 def register() -> None:
-    """Register everything sglang-specopd adds to SGLang (idempotent)."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    """Register everything sglang-specopd adds to SGLang (idempotent).
 
-    from sglang_specopd.server.algorithm import register_algorithm
+    First checks that the installed SGLang has every symbol the plugin uses (:mod:`sglang_specopd.server.compat`;
+    the CPU engine's ones only when it is on) and registers nothing when one is missing or changed.
+
+    Raises:
+        sglang_specopd.server.compat_check.SGLangCompatError: one line naming the broken symbol(s), the pinned and
+            the installed SGLang version. It is a ``SystemExit``, so SGLang's ``load_plugins`` (which logs and
+            skips a plugin raising ``Exception``) does not swallow it: the server process exits with that line.
+    """
+    from sglang_specopd.server import compat
+    from sglang_specopd.server.compat_check import check_compat
     from sglang_specopd.server.cpu import cpu_engine_enabled
 
-    if cpu_engine_enabled():
+    cpu = cpu_engine_enabled()
+    check_compat(cpu=cpu)
+    from sglang_specopd.server.algorithm import register_algorithm
+
+    if cpu:
         from sglang_specopd.server.cpu.patches import register_cpu_adaptations
 
         register_cpu_adaptations()
@@ -39,11 +52,7 @@ def register() -> None:
     register_routes()
     from sglang_specopd.server.streamer import get_output_streamer_class
 
-    HookRegistry.register(
-        "sglang.srt.managers.scheduler.Scheduler.get_output_streamer_class",
-        get_output_streamer_class,
-        HookType.REPLACE,
-    )
+    compat.hook("Scheduler.get_output_streamer_class", get_output_streamer_class)
     logger.info("sglang-specopd plugin registered")
 
 

@@ -140,9 +140,7 @@ def _clear_before_weight_update(*args, **kwargs):
 
 def register_prefix_cache() -> None:
     """Clear the cache before every target weight update SGLang offers (disk, tensor, IPC, distributed)."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang_specopd.server import compat
 
-    base = "sglang.srt.model_executor.model_runner_components.weight_updater.WeightUpdater."
-    for name in ("update_weights_from_disk", "update_weights_from_tensor", "update_weights_from_ipc",
-                 "load_weights_from_distributed", "begin_weight_update"):
-        HookRegistry.register(base + name, _clear_before_weight_update, HookType.BEFORE)
+    for name in compat.WEIGHT_UPDATE_HOOKS:
+        compat.hook(name, _clear_before_weight_update)

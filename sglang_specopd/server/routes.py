@@ -17,6 +17,7 @@ import os
 
 from fastapi import Request
 
+from sglang_specopd.server import compat
 from sglang_specopd.wire.protocol import (
     BINARY_CONTENT_TYPE,
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -108,22 +109,19 @@ async def prefix_cache_clear(request: Request):
 
 def add_routes(*args, **kwargs):
     """BEFORE hook for ``http_server.launch_server``: add the plugin's routes to SGLang's app."""
-    from sglang.srt.entrypoints.http_server import app
-
-    from sglang.srt.utils.auth import AuthLevel, auth_level
+    app = compat.get("http_server.app")
+    auth_level, admin_force = compat.get("auth_level"), compat.get("AuthLevel").ADMIN_FORCE
 
     if not any(getattr(r, "path", None) == SCORE_TREES_PATH for r in app.routes):
         app.add_api_route(SCORE_TREES_PATH, score_trees, methods=["POST"])
         # ADMIN_FORCE: SGLang's auth middleware requires --admin-api-key (403 when none is configured).
-        app.add_api_route(SWAP_DRAFTER_PATH, auth_level(AuthLevel.ADMIN_FORCE)(swap_drafter), methods=["POST"])
+        app.add_api_route(SWAP_DRAFTER_PATH, auth_level(admin_force)(swap_drafter), methods=["POST"])
         app.add_api_route(DRAFTER_INFO_PATH, drafter_info, methods=["GET"])
         app.add_api_route(PREFIX_CACHE_PATH, prefix_cache_stats, methods=["GET"])
-        app.add_api_route(PREFIX_CACHE_PATH + "/clear", auth_level(AuthLevel.ADMIN_FORCE)(prefix_cache_clear),
+        app.add_api_route(PREFIX_CACHE_PATH + "/clear", auth_level(admin_force)(prefix_cache_clear),
                           methods=["POST"])
     return None
 
 
 def register_routes() -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register("sglang.srt.entrypoints.http_server.launch_server", add_routes, HookType.BEFORE)
+    compat.hook("launch_server", add_routes)

@@ -79,8 +79,9 @@ def verify_block(*, candidates: torch.Tensor, target_logits: torch.Tensor, draft
     Returns:
         (accept_len [bs] int32, bonus [bs] int64): accepted drafts per request and the correction/bonus token.
     """
-    from sglang.kernels.ops.speculative.dspark.dspark_accept import accept_sampling
+    from sglang_specopd.server import compat
 
+    accept_sampling = compat.get("accept_sampling")
     bs, block = candidates.shape
     vt = int(target_logits.shape[-1])
     if draft_probs.shape[-1] < vt:

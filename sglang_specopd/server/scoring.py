@@ -24,6 +24,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
+from sglang_specopd.server import compat
 from sglang_specopd.server.control import op
 from sglang_specopd.server.prefix_cache import PrefixEntry, prefix_key, register_prefix_cache, scheduler_cache
 from sglang_specopd.wire.protocol import ScoreTreesError, ScoreTreesRequest, encode_tensors, validate_request
@@ -35,9 +36,7 @@ class _TreeForwardBatch:
     """The few ForwardBatch fields a Llama/Qwen layer stack reads outside attention; everything else is None."""
 
     def __init__(self, num_tokens: int, device):
-        from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-        self.forward_mode = ForwardMode.EXTEND
+        self.forward_mode = compat.get("ForwardMode").EXTEND
         self.residual_stream = None
         self.batch_size = 1
         self.num_tokens = num_tokens
@@ -57,12 +56,16 @@ class _TreeCall:
 
 
 def tree_attention_override(original_fn, self, q, k, v, forward_batch, *args, **kwargs):
-    """AROUND hook for ``RadixAttention.forward``: tree attention over the packed row during a tree forward."""
-    from specopd_kernels.tree import tree_attention_grouped
+    """AROUND hook for ``RadixAttention.forward``: tree attention over the packed row during a tree forward.
 
+    Every attention layer of every served step passes here: outside a tree forward it costs one ContextVar read
+    and the wrapper's call (~2 us per layer call on the CI CPU, ~0.06% of a SmolLM2 decode step; see
+    ``benchmarks/radix_hook_cost.py``), so nothing else (not even an import) runs before that check."""
     call = _TREE_LAYOUT.get()
     if call is None or not isinstance(forward_batch, _TreeForwardBatch):
         return original_fn(self, q, k, v, forward_batch, *args, **kwargs)
+    from specopd_kernels.tree import tree_attention_grouped
+
     T = q.shape[0]
     q = q.view(T, self.tp_q_head_num, self.qk_head_dim)
     k = k.view(T, self.tp_k_head_num, self.qk_head_dim).to(q.dtype)
@@ -238,8 +241,5 @@ def prefix_cache_op(scheduler, payload: bytes):
 def register_scoring() -> None:
     """Register the RadixAttention override (inert unless a tree forward is running) and the prefix cache's
     invalidation on target weight updates."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register("sglang.srt.layers.radix_attention.RadixAttention.forward", tree_attention_override,
-                          HookType.AROUND)
+    compat.hook("RadixAttention.forward", tree_attention_override)
     register_prefix_cache()

@@ -8,11 +8,12 @@ proposed for the request to ``meta_info["specopd_drafter_versions"]`` (always, o
 
 from __future__ import annotations
 
+from sglang_specopd.server import compat
 from sglang_specopd.server.traces import TRACE_KEY, VERSIONS_KEY, take_pending, take_pending_versions, wants_trace
 
 
 def _make_streamer_class():
-    from sglang.srt.managers.scheduler_components.output_streamer import SchedulerOutputStreamer
+    SchedulerOutputStreamer = compat.get("SchedulerOutputStreamer")
 
     class SpecOPDOutputStreamer(SchedulerOutputStreamer):
         has_additional_customized_info = True

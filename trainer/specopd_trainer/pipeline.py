@@ -60,11 +60,10 @@ def push_drafter(url: str, drafter, version: str, admin_api_key: str, timeout: f
     """
     import httpx
 
-    from sglang_specopd.wire.drafter_format import drafter_config
     from sglang_specopd.wire.protocol import SWAP_DRAFTER_PATH, swap_payload
     from specopd_trainer.client import ServerRequestError
 
-    body = swap_payload(drafter_config(drafter.spec), drafter.checkpoint_tensors(), version)
+    body = swap_payload(drafter.checkpoint_config(), drafter.checkpoint_tensors(), version)
     r = httpx.post(url.rstrip("/") + SWAP_DRAFTER_PATH, content=body, timeout=timeout,
                    headers={"Authorization": f"Bearer {admin_api_key}", "Content-Type": "application/octet-stream"})
     if r.status_code != 200:

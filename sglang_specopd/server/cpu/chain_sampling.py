@@ -64,6 +64,6 @@ def chain_speculative_sampling(
 
 def install() -> None:
     """Point SGLang's ``accept_sampling`` at the torch op (CPU engine only)."""
-    import sglang.kernels.ops.speculative.dspark.dspark_accept as da
+    from sglang_specopd.server import compat
 
-    da.chain_speculative_sampling_triton = chain_speculative_sampling
+    compat.patch("chain_speculative_sampling_triton", chain_speculative_sampling)

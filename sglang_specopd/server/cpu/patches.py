@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import logging
 
+from sglang_specopd.server import compat
+
 logger = logging.getLogger("sglang_specopd.server.cpu")
 
-_SPEC_HOOK = "sglang.srt.arg_groups.speculative_hook"
 CPU_DRAFT_ATTENTION_BACKEND = "torch_native"
 
 
@@ -57,17 +58,14 @@ class _CpuDFlashPlatform:
 
 def handle_dflash_on_cpu(original_fn, server_args):
     """AROUND hook for ``speculative_hook._handle_dflash``: accept DFLASH on CPU with torch_native drafts."""
-    from sglang.srt.arg_groups.overrides import resolving_view
-    import sglang.srt.arg_groups.speculative_hook as spec_hook
-
-    if not _is_cpu_device(resolving_view(server_args).device):
+    if not _is_cpu_device(compat.get("resolving_view")(server_args).device):
         return original_fn(server_args)
-    real = spec_hook.current_platform
-    spec_hook.current_platform = _CpuDFlashPlatform(real)
+    real = compat.get("speculative_hook.current_platform")
+    compat.patch("speculative_hook.current_platform", _CpuDFlashPlatform(real))
     try:
         return original_fn(server_args)
     finally:
-        spec_hook.current_platform = real
+        compat.patch("speculative_hook.current_platform", real)
 
 
 def install_record_stream_noop() -> None:
@@ -108,9 +106,7 @@ def torch_native_forward_extend(original_fn, self, q, k, v, layer, forward_batch
         return original_fn(self, q, k, v, layer, forward_batch, save_kv_cache)
     import torch
 
-    from sglang.srt.layers.attention.torch_native_backend import KVWriteLoc
-    from sglang.srt.layers.radix_attention import AttentionType
-
+    KVWriteLoc, AttentionType = compat.get("KVWriteLoc"), compat.get("AttentionType")
     spec_info = forward_batch.spec_info
     if spec_info is None:
         raise RuntimeError("TARGET_VERIFY without spec_info: cannot derive the verify block length")
@@ -147,20 +143,12 @@ def torch_native_forward_extend(original_fn, self, q, k, v, layer, forward_batch
 
 def register_cpu_adaptations() -> None:
     """Register every CPU adaptation with SGLang's HookRegistry (call only on the CPU engine)."""
-    from sglang.srt.arg_groups.choices import DRAFT_ATTENTION_BACKEND_CHOICES
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    if CPU_DRAFT_ATTENTION_BACKEND not in DRAFT_ATTENTION_BACKEND_CHOICES:
-        DRAFT_ATTENTION_BACKEND_CHOICES.append(CPU_DRAFT_ATTENTION_BACKEND)
-    HookRegistry.register(f"{_SPEC_HOOK}._handle_dflash", handle_dflash_on_cpu, HookType.AROUND)
-    HookRegistry.register(
-        "sglang.srt.models.dflash.DFlashAttention.__init__", disable_table_qk_norm_rope, HookType.AFTER
-    )
-    HookRegistry.register(
-        "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_extend",
-        torch_native_forward_extend,
-        HookType.AROUND,
-    )
+    choices = compat.get("DRAFT_ATTENTION_BACKEND_CHOICES")  # mutated in place: argparse reads this list
+    if CPU_DRAFT_ATTENTION_BACKEND not in choices:
+        choices.append(CPU_DRAFT_ATTENTION_BACKEND)
+    compat.hook("_handle_dflash", handle_dflash_on_cpu)
+    compat.hook("DFlashAttention.__init__", disable_table_qk_norm_rope)
+    compat.hook("TorchNativeAttnBackend.forward_extend", torch_native_forward_extend)
     install_record_stream_noop()
     from sglang_specopd.server.cpu.sampling_verify import install as install_sampling_verify
 

@@ -79,9 +79,8 @@ def inverse_cdf_sample(cdf: torch.Tensor, coin: float) -> int:
 
 def install() -> None:
     """Point SGLang's DFLASH sampling verify at the torch op (CPU engine only)."""
-    import sglang.kernels.ops.speculative.verify_sampling as vs
-    import sglang.srt.speculative.dflash_utils as du
+    from sglang_specopd.server import compat
 
-    vs.tree_speculative_sampling_target_only = tree_speculative_sampling_target_only
-    du.tree_speculative_sampling_target_only = tree_speculative_sampling_target_only
-    du._DFLASH_SAMPLING_VERIFY_AVAILABLE = True
+    compat.patch("verify_sampling.tree_speculative_sampling_target_only", tree_speculative_sampling_target_only)
+    compat.patch("dflash_utils.tree_speculative_sampling_target_only", tree_speculative_sampling_target_only)
+    compat.patch("dflash_utils._DFLASH_SAMPLING_VERIFY_AVAILABLE", True)

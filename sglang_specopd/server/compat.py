@@ -1,0 +1,315 @@
+"""The plugin's SGLang compatibility surface: every SGLang symbol it reads, subclasses, hooks or patches.
+
+The plugin runs inside SGLang and leans on internals of one release (pinned ``sglang==0.5.23``). This module
+is the ONE place that names them: :data:`SYMBOLS` is a table of :class:`Symbol` (dotted path, how the plugin
+uses it, the parameter names it relies on, the attributes it reads), and every other plugin module obtains
+SGLang objects through it instead of importing ``sglang`` (``.importlinter`` enforces that):
+
+* :func:`get` ``("DFlashWorkerV2")`` -> the object (imported on first use: importing this module imports nothing
+  of SGLang, so the app can import the plugin's entry point cheaply);
+* :func:`hook` ``("RadixAttention.forward", fn)`` registers ``fn`` with SGLang's ``HookRegistry`` at the table's
+  target string with the table's hook type;
+* :func:`patch` ``(name, value)`` sets a module or class attribute the plugin replaces (returns the old value).
+
+:func:`sglang_specopd.server.compat_check.check_compat` (called first by ``register()``) verifies the table
+against the installed SGLang, so a moved or renamed symbol fails the plugin's registration with one line
+instead of silently serving SGLang's unpatched behaviour (SGLang's ``apply_hooks`` only logs a missing target).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Dict, Tuple
+
+PINNED_SGLANG = "0.5.23"
+
+
+class Kind(str, Enum):
+    """How the plugin uses a symbol."""
+
+    READ = "read"  # read or called
+    SUBCLASS = "subclass"  # the plugin subclasses it
+    OVERRIDE = "override"  # a method a plugin subclass (or stand-in object) overrides; SGLang calls it
+    HOOK_BEFORE = "hook BEFORE"  # HookRegistry hooks (sglang.srt.plugins.hook_registry.HookType)
+    HOOK_AFTER = "hook AFTER"
+    HOOK_AROUND = "hook AROUND"
+    HOOK_REPLACE = "hook REPLACE"
+    MONKEYPATCH = "monkeypatch"  # the plugin assigns (or mutates) this module / class attribute
+    ROUTE = "route"  # the FastAPI app the plugin adds routes to
+
+    @property
+    def hook_type(self) -> str | None:
+        """``BEFORE`` / ``AFTER`` / ``AROUND`` / ``REPLACE`` for hook kinds, else None."""
+        return self.value.split(" ", 1)[1] if self.value.startswith("hook ") else None
+
+
+@dataclass(frozen=True)
+class Symbol:
+    """One SGLang symbol the plugin depends on.
+
+    Attributes:
+        name: the key the plugin uses (``compat.get(name)``), unique in :data:`SYMBOLS`.
+        module: the SGLang module defining it (``sglang.srt...``).
+        qualname: the attribute path inside ``module`` (``Class.method`` or ``function``).
+        kinds: every way the plugin uses it (:class:`Kind`).
+        params: parameter names the plugin relies on (passes by name, or receives in a hook / override).
+        attrs: attributes the plugin reads on it or its instances (enum members, ``self.x`` set by SGLang).
+        used_by: the plugin modules that use it (relative to ``sglang_specopd.server``).
+        cpu_only: used only by the CPU engine's adaptations (checked only when that engine is on).
+        may_be_none: the attribute may be None in this install (an op resolved only on some devices).
+    """
+
+    name: str
+    module: str
+    qualname: str
+    kinds: Tuple[Kind, ...]
+    params: Tuple[str, ...] = ()
+    attrs: Tuple[str, ...] = ()
+    used_by: Tuple[str, ...] = ()
+    cpu_only: bool = False
+    may_be_none: bool = False
+
+    @property
+    def target(self) -> str:
+        """The fully-qualified dotted path (what ``HookRegistry.register`` takes)."""
+        return f"{self.module}.{self.qualname}"
+
+
+R, SUB, OVR, MP = Kind.READ, Kind.SUBCLASS, Kind.OVERRIDE, Kind.MONKEYPATCH
+BEFORE, AFTER, AROUND, REPLACE = Kind.HOOK_BEFORE, Kind.HOOK_AFTER, Kind.HOOK_AROUND, Kind.HOOK_REPLACE
+
+_HOOKS = "sglang.srt.plugins.hook_registry"
+_SPEC_INFO = "sglang.srt.speculative.spec_info"
+_SPEC_REG = "sglang.srt.speculative.spec_registry"
+_DFLASH_W = "sglang.srt.speculative.dflash_worker_v2"
+_SPEC_HOOK = "sglang.srt.arg_groups.speculative_hook"
+_IO = "sglang.srt.managers.io_struct"
+_SCHED = "sglang.srt.managers.scheduler"
+_HTTP = "sglang.srt.entrypoints.http_server"
+_WU = "sglang.srt.model_executor.model_runner_components.weight_updater"
+_RADIX = "sglang.srt.layers.radix_attention"
+_FB = "sglang.srt.model_executor.forward_batch_info"
+_TN = "sglang.srt.layers.attention.torch_native_backend"
+_DSPARK_ACCEPT = "sglang.kernels.ops.speculative.dspark.dspark_accept"
+_PLATFORM = "sglang.srt.platforms.interface"
+_WEIGHT_UPDATES = ("update_weights_from_disk", "update_weights_from_tensor", "update_weights_from_ipc",
+                   "load_weights_from_distributed", "begin_weight_update")
+#: The WeightUpdater methods (every target weight update SGLang offers) the prefix cache clears itself before.
+WEIGHT_UPDATE_HOOKS = tuple(f"WeightUpdater.{m}" for m in _WEIGHT_UPDATES)
+
+
+def _s(name, module, qualname, kinds, params=(), attrs=(), used_by=(), cpu_only=False, may_be_none=False):
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    used_by = used_by if isinstance(used_by, tuple) else (used_by,)
+    return Symbol(name, module, qualname, kinds, tuple(params), tuple(attrs), used_by, cpu_only, may_be_none)
+
+
+SYMBOLS: Tuple[Symbol, ...] = (
+    # --- SGLang's plugin framework ---
+    _s("HookRegistry", _HOOKS, "HookRegistry", R, attrs=("register",), used_by="compat"),
+    _s("HookRegistry.register", _HOOKS, "HookRegistry.register", R, ("target", "hook", "hook_type"),
+       used_by="compat"),
+    _s("HookType", _HOOKS, "HookType", R, attrs=("BEFORE", "AFTER", "AROUND", "REPLACE"), used_by="compat"),
+    # --- the SPECOPD algorithm (algorithm.py) ---
+    _s("SpeculativeAlgorithm", _SPEC_INFO, "SpeculativeAlgorithm", R, used_by="algorithm",
+       attrs=("DFLASH", "is_speculative", "create_future_map", "build_disagg_draft_input",
+              "resolve_max_speculative_num_draft_tokens", "get_num_tokens_per_req_for_target_verify")),
+    _s("SpeculativeAlgorithm.register", _SPEC_INFO, "SpeculativeAlgorithm.register", R,
+       ("name", "supports_overlap", "spec_class"), used_by="algorithm"),
+    _s("CustomSpecAlgo", _SPEC_REG, "CustomSpecAlgo", SUB, used_by="algorithm",
+       attrs=("is_some", "is_none", "is_speculative", "handle_server_args", "create_worker")),
+    _s("get_spec", _SPEC_REG, "get_spec", R, ("name",), used_by="algorithm"),
+    _s("DFlashWorkerV2", _DFLASH_W, "DFlashWorkerV2", SUB, used_by=("algorithm", "hot_swap"),
+       attrs=("model_runner", "block_size", "_selector_sample", "_block_verification",  # read by SpecOPDWorker
+              "draft_model", "_fused_kv_helper", "_init_fused_kv_helper")),  # hot_swap rebuilds the helper
+    _s("DFlashWorkerV2.forward_batch_generation", _DFLASH_W, "DFlashWorkerV2.forward_batch_generation", OVR,
+       ("self", "batch"), used_by="algorithm"),
+    _s("DFlashWorkerV2._greedy_sample_from_vocab_parallel_head", _DFLASH_W,
+       "DFlashWorkerV2._greedy_sample_from_vocab_parallel_head", OVR,
+       ("self", "hidden_states", "lm_head", "chunk_size"), used_by="algorithm"),
+    _s("DFlashWorkerV2._accept_block", _DFLASH_W, "DFlashWorkerV2._accept_block", OVR,
+       ("self", "candidates", "next_token_logits", "sampling_info", "draft_input", "prefix_lens", "target_predict"),
+       used_by="algorithm"),
+    _s("_commit_accept", _DFLASH_W, "_commit_accept", R, ("candidates", "accept_len", "bonus_tokens"),
+       used_by="algorithm"),
+    _s("is_dense_head_weight", _DFLASH_W, "is_dense_head_weight", R, ("weight",), used_by="algorithm"),
+    _s("resolve_greedy_mask", "sglang.srt.speculative.dspark_components.dspark_draft", "resolve_greedy_mask", R,
+       ("bs", "sampling_info", "device"), used_by="algorithm"),
+    _s("DFlashDraftModel.load_weights", "sglang.srt.models.dflash", "DFlashDraftModel.load_weights", R,
+       ("self", "weights"), used_by="hot_swap"),
+    _s("resolving_view", "sglang.srt.arg_groups.overrides", "resolving_view", R, ("server_args",),
+       used_by=("algorithm", "cpu.patches")),
+    _s("handle_speculative_decoding", _SPEC_HOOK, "handle_speculative_decoding", AFTER, ("server_args",),
+       used_by="algorithm"),
+    _s("_handle_dflash", _SPEC_HOOK, "_handle_dflash", (R, AROUND), ("server_args",),
+       used_by=("algorithm", "cpu.patches")),
+    # --- the control channel (control.py) ---
+    _s("BaseReq", _IO, "BaseReq", SUB, used_by="control"),
+    _s("hook_custom_types", _IO, "hook_custom_types", R, ("new_types",), used_by="control"),
+    _s("TypeBasedDispatcher", "sglang.utils", "TypeBasedDispatcher", R, ("mapping",), attrs=("__iadd__",),
+       used_by="control"),
+    _s("get_global_state", _HTTP, "get_global_state", R, used_by="control"),
+    _s("TokenizerManager.auto_create_handle_loop", "sglang.srt.managers.tokenizer_manager",
+       "TokenizerManager.auto_create_handle_loop", R, ("self",), used_by="control"),
+    _s("_COMMUNICATOR_SPECS", "sglang.srt.managers.tokenizer_control_mixin", "_COMMUNICATOR_SPECS", MP,
+       attrs=("append",), used_by="control"),
+    _s("Scheduler", _SCHED, "Scheduler", R, used_by=("control", "scoring", "hot_swap"),
+       attrs=("_request_dispatcher", "tp_worker", "draft_worker", "server_args", "flush_cache")),
+    _s("Scheduler.init_request_dispatcher", _SCHED, "Scheduler.init_request_dispatcher", AFTER, ("self",),
+       used_by="control"),
+    # --- the output streamer (streamer.py, hooked by plugin.py) ---
+    _s("Scheduler.get_output_streamer_class", _SCHED, "Scheduler.get_output_streamer_class", REPLACE, ("self",),
+       used_by="plugin"),
+    _s("SchedulerOutputStreamer", "sglang.srt.managers.scheduler_components.output_streamer",
+       "SchedulerOutputStreamer", SUB, attrs=("has_additional_customized_info", "spec_algorithm"), used_by="streamer"),
+    _s("SchedulerOutputStreamer.should_build_additional_customized_info",
+       "sglang.srt.managers.scheduler_components.output_streamer",
+       "SchedulerOutputStreamer.should_build_additional_customized_info", OVR, ("self",), used_by="streamer"),
+    _s("SchedulerOutputStreamer.build_additional_customized_info",
+       "sglang.srt.managers.scheduler_components.output_streamer",
+       "SchedulerOutputStreamer.build_additional_customized_info", OVR, ("self", "reqs"), used_by="streamer"),
+    # --- HTTP routes (routes.py) ---
+    _s("http_server.app", _HTTP, "app", Kind.ROUTE, attrs=("add_api_route", "routes"), used_by="routes"),
+    _s("launch_server", _HTTP, "launch_server", BEFORE, ("server_args",), used_by="routes"),
+    _s("AuthLevel", "sglang.srt.utils.auth", "AuthLevel", R, attrs=("ADMIN_FORCE",), used_by="routes"),
+    _s("auth_level", "sglang.srt.utils.auth", "auth_level", R, ("level",), used_by="routes"),
+    # --- fixes (fixes.py) ---
+    _s("ModelRunner._extend_forward_kwargs", "sglang.srt.model_executor.model_runner",
+       "ModelRunner._extend_forward_kwargs", AFTER, ("self", "forward_batch", "pp_proxy_tensors"), used_by="fixes"),
+    _s("ForwardBatch", _FB, "ForwardBatch", R, used_by=("fixes", "cpu.patches"),
+       attrs=("input_embeds", "replace_embeds", "forward_mode", "spec_info", "out_cache_loc", "req_pool_indices",
+              "seq_lens")),
+    # --- tree scoring and its prefix cache (scoring.py, prefix_cache.py) ---
+    _s("ForwardMode", _FB, "ForwardMode", R, attrs=("EXTEND", "is_target_verify"), used_by=("scoring", "cpu.patches")),
+    _s("RadixAttention", _RADIX, "RadixAttention", R, used_by=("scoring", "cpu.patches"),
+       attrs=("tp_q_head_num", "tp_k_head_num", "tp_v_head_num", "qk_head_dim", "v_head_dim", "layer_id", "scaling",
+              "attn_type")),
+    _s("RadixAttention.forward", _RADIX, "RadixAttention.forward", AROUND, ("self", "q", "k", "v", "forward_batch"),
+       used_by="scoring"),
+    _s("LlamaModel", "sglang.srt.models.llama", "LlamaModel", R, attrs=("layers_to_capture", "embed_tokens"),
+       used_by="scoring"),
+    _s("LlamaModel.forward", "sglang.srt.models.llama", "LlamaModel.forward", R,
+       ("self", "input_ids", "positions", "forward_batch"), used_by="scoring"),
+    *(_s(name, _WU, name, BEFORE, ("self",), used_by="prefix_cache") for name in WEIGHT_UPDATE_HOOKS),
+    # --- sampled drafts (sampled_drafts.py) ---
+    _s("accept_sampling", _DSPARK_ACCEPT, "accept_sampling", R,
+       ("candidates", "target_logits", "draft_probs", "sampling_info", "draft_input", "gamma",
+        "verify_num_draft_tokens", "cutoff_verify_lens", "block_verification"), used_by="sampled_drafts"),
+    # --- CPU engine only (cpu/patches.py, cpu/sampling_verify.py, cpu/chain_sampling.py) ---
+    _s("DRAFT_ATTENTION_BACKEND_CHOICES", "sglang.srt.arg_groups.choices", "DRAFT_ATTENTION_BACKEND_CHOICES", MP,
+       attrs=("append",), used_by="cpu.patches", cpu_only=True),
+    _s("speculative_hook.current_platform", _SPEC_HOOK, "current_platform", MP, used_by="cpu.patches", cpu_only=True,
+       attrs=("is_out_of_tree", "supports_speculative_algorithm", "supports_speculative_draft_attention_backend",
+              "get_default_speculative_draft_attention_backend")),
+    _s("SRTPlatform.is_out_of_tree", _PLATFORM, "SRTPlatform.is_out_of_tree", OVR, ("self",),
+       used_by="cpu.patches", cpu_only=True),
+    _s("SRTPlatform.supports_speculative_algorithm", _PLATFORM, "SRTPlatform.supports_speculative_algorithm", OVR,
+       ("self", "algorithm"), used_by="cpu.patches", cpu_only=True),
+    _s("SRTPlatform.supports_speculative_draft_attention_backend", _PLATFORM,
+       "SRTPlatform.supports_speculative_draft_attention_backend", OVR, ("self", "algorithm", "backend"),
+       used_by="cpu.patches", cpu_only=True),
+    _s("SRTPlatform.get_default_speculative_draft_attention_backend", _PLATFORM,
+       "SRTPlatform.get_default_speculative_draft_attention_backend", OVR, ("self", "algorithm"),
+       used_by="cpu.patches", cpu_only=True),
+    _s("DFlashAttention", "sglang.srt.models.dflash", "DFlashAttention", R, attrs=("use_table_qk_norm_rope",),
+       used_by="cpu.patches", cpu_only=True),
+    _s("DFlashAttention.__init__", "sglang.srt.models.dflash", "DFlashAttention.__init__", AFTER, ("self",),
+       used_by="cpu.patches", cpu_only=True),
+    _s("TorchNativeAttnBackend", _TN, "TorchNativeAttnBackend", R, used_by="cpu.patches", cpu_only=True,
+       attrs=("token_to_kv_pool", "req_to_token_pool", "swa_out_cache_loc")),
+    _s("TorchNativeAttnBackend.forward_extend", _TN, "TorchNativeAttnBackend.forward_extend", AROUND,
+       ("self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache"), used_by="cpu.patches", cpu_only=True),
+    _s("KVWriteLoc", _TN, "KVWriteLoc", R, ("loc", "swa_loc"), used_by="cpu.patches", cpu_only=True),
+    _s("AttentionType", _RADIX, "AttentionType", R, attrs=("ENCODER_ONLY",), used_by="cpu.patches", cpu_only=True),
+    _s("KVCache", "sglang.srt.mem_cache.memory_pool", "KVCache", R, used_by="cpu.patches", cpu_only=True,
+       attrs=("set_kv_buffer", "get_key_buffer", "get_value_buffer")),
+    _s("verify_sampling.tree_speculative_sampling_target_only", "sglang.kernels.ops.speculative.verify_sampling",
+       "tree_speculative_sampling_target_only", MP, used_by="cpu.sampling_verify", cpu_only=True, may_be_none=True,
+       params=("predicts", "accept_index", "accept_token_num", "candidates", "retrive_index", "retrive_next_token",
+               "retrive_next_sibling", "uniform_samples", "uniform_samples_for_final_sampling", "target_probs",
+               "draft_probs", "threshold_single", "threshold_acc", "deterministic")),
+    _s("dflash_utils.tree_speculative_sampling_target_only", "sglang.srt.speculative.dflash_utils",
+       "tree_speculative_sampling_target_only", MP, used_by="cpu.sampling_verify", cpu_only=True, may_be_none=True),
+    _s("dflash_utils._DFLASH_SAMPLING_VERIFY_AVAILABLE", "sglang.srt.speculative.dflash_utils",
+       "_DFLASH_SAMPLING_VERIFY_AVAILABLE", MP, used_by="cpu.sampling_verify", cpu_only=True),
+    _s("chain_speculative_sampling_triton", _DSPARK_ACCEPT, "chain_speculative_sampling_triton", MP,
+       used_by="cpu.chain_sampling", cpu_only=True,
+       params=("predicts", "accept_index", "accept_token_num", "candidates", "retrive_index", "retrive_next_token",
+               "retrive_next_sibling", "uniform_samples", "uniform_samples_for_final_sampling", "target_probs",
+               "draft_probs", "threshold_single", "threshold_acc", "deterministic", "block_verification")),
+)
+
+BY_NAME: Dict[str, Symbol] = {s.name: s for s in SYMBOLS}
+if len(BY_NAME) != len(SYMBOLS):  # pragma: no cover - a table edit error, caught at import by every test
+    raise RuntimeError("compat.SYMBOLS has duplicate names")
+
+
+def symbol(name: str) -> Symbol:
+    """The table entry ``name``. Raises KeyError (listing nothing else) if the plugin names an unknown symbol."""
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"{name!r} is not in sglang_specopd.server.compat.SYMBOLS") from None
+
+
+def target(name: str) -> str:
+    """The dotted path of ``name`` (``"sglang.srt.layers.radix_attention.RadixAttention.forward"``)."""
+    return symbol(name).target
+
+
+def _resolve(sym: Symbol) -> Tuple[Any, Any]:
+    """``(owner, value)``: the module or class holding ``sym``'s last attribute, and that attribute.
+    Raises ImportError (module) or AttributeError (attribute path)."""
+    owner = importlib.import_module(sym.module)
+    parts = sym.qualname.split(".")
+    for part in parts[:-1]:
+        owner = getattr(owner, part)
+    return owner, getattr(owner, parts[-1])
+
+
+def get(name: str) -> Any:
+    """The SGLang object ``name`` (imports its module on first use). Raises KeyError for a name not in the
+    table, ImportError / AttributeError when the installed SGLang lacks it (``check_compat`` reports those first)."""
+    return _resolve(symbol(name))[1]
+
+
+def owner(name: str) -> Any:
+    """The module or class that holds ``name`` (where :func:`patch` assigns)."""
+    return _resolve(symbol(name))[0]
+
+
+def patch(name: str, value: Any) -> Any:
+    """Assign ``value`` to the monkeypatched attribute ``name``; return the previous value.
+    Raises ValueError if the table does not list ``name`` as a monkeypatch."""
+    sym = symbol(name)
+    if Kind.MONKEYPATCH not in sym.kinds:
+        raise ValueError(f"{name} is not a monkeypatch target in compat.SYMBOLS (kinds: {_kinds(sym)})")
+    holder, old = _resolve(sym)
+    setattr(holder, sym.qualname.rsplit(".", 1)[-1], value)
+    return old
+
+
+def hook_kind(sym: Symbol) -> Kind:
+    """The one hook kind of ``sym``. Raises ValueError if it has none (or several)."""
+    hooks = [k for k in sym.kinds if k.hook_type]
+    if len(hooks) != 1:
+        raise ValueError(f"{sym.name} has {len(hooks)} hook kinds in compat.SYMBOLS (kinds: {_kinds(sym)})")
+    return hooks[0]
+
+
+def hook(name: str, fn) -> None:
+    """``HookRegistry.register(target(name), fn, HookType.<the table's hook type>)``."""
+    sym = symbol(name)
+    kind = hook_kind(sym)
+    get("HookRegistry").register(sym.target, fn, getattr(get("HookType"), kind.hook_type))
+
+
+def entries(*, cpu: bool) -> Tuple[Symbol, ...]:
+    """The table entries in use: all of them with ``cpu``, else those that are not CPU-only."""
+    return tuple(s for s in SYMBOLS if cpu or not s.cpu_only)
+
+
+def _kinds(sym: Symbol) -> str:
+    return ", ".join(k.value for k in sym.kinds)
