@@ -3,9 +3,9 @@ their constraints and descriptions (the CLI help) are written once. Defaults dif
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 def steps(default: int) -> Any:
@@ -52,3 +52,15 @@ def log_every(default: int) -> Any:
 def ckpt_every(default: int) -> Any:
     """``ckpt_every``: atomic checkpoint every N steps."""
     return Field(default=default, ge=1, description="Atomic checkpoint every N steps.")
+
+
+class TrainConfig(BaseModel):
+    """Base of every algorithm's config: strict (unknown keys rejected), frozen, and the fields whose default is the
+    same for every algorithm (time budget, LR floor, gradient clip, seed); subclasses add the rest."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_minutes: Optional[float] = max_minutes()
+    min_lr_ratio: float = min_lr_ratio()
+    grad_clip: float = grad_clip()
+    seed: int = seed()

@@ -166,6 +166,18 @@ def _load_builtin() -> None:
         importlib.import_module(module)
 
 
+def lazy_run(target: str) -> Callable[[TrainContext, Any], RunReport]:
+    """A run function that imports ``"package.module:function"`` on its first call, so that registering an
+    algorithm (and listing it in the CLI) does not import torch or the training loop."""
+    module, _, attr = target.partition(":")
+
+    def run(ctx: TrainContext, cfg: Any) -> RunReport:
+        return getattr(importlib.import_module(module), attr)(ctx, cfg)
+
+    run.__qualname__ = run.__name__ = f"lazy_run({target})"
+    return run
+
+
 def register(algorithm: Algorithm) -> Algorithm:
     """Add ``algorithm`` under its name; returns it. Raises ValueError if another algorithm has that name."""
     known = _REGISTRY.get(algorithm.name)

@@ -7,14 +7,9 @@ on the recorded blocks (E2E-TV). Modules: :mod:`.config`, :mod:`.rollouts` (roll
 
 from __future__ import annotations
 
-from specopd_trainer.algorithms.registry import Algorithm, register
+from specopd_trainer.algorithms.registry import Algorithm, lazy_run, register
 from specopd_trainer.algorithms.sequential_opd.config import SequentialOPDConfig
 
-
-def _run(ctx, cfg):
-    from specopd_trainer.algorithms.sequential_opd.run import run
-
-    return run(ctx, cfg)
 
 
 ALGORITHM = register(Algorithm(
@@ -25,7 +20,7 @@ ALGORITHM = register(Algorithm(
          "Needs --admin-key. With a domain list, prompts come from the domains' train split (no responses are "
          "generated). Single process (not under torchrun).",
     config=SequentialOPDConfig,
-    run=_run,
+    run=lazy_run("specopd_trainer.algorithms.sequential_opd.run:run"),
     recipe={},
     data="prompts",
     needs_push=True,

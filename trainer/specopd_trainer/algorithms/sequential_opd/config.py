@@ -2,28 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from specopd_trainer.algorithms import fields as f
 
 
-class SequentialOPDConfig(BaseModel):
+class SequentialOPDConfig(f.TrainConfig):
     """Sequential-rollout OPD hyper-parameters (strict: unknown keys rejected)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
     steps: int = f.steps(50)
-    max_minutes: Optional[float] = f.max_minutes()
     rollout_prompts: int = Field(default=8, ge=1, description="Prompts rolled out per step.")
     rollout_tokens: int = Field(default=64, ge=2, description="New tokens per rollout.")
     temperature: float = Field(default=1.0, ge=0, description="Rollout sampling temperature (0 = greedy).")
     concurrency: int = Field(default=8, ge=1, description="Rollout requests in flight.")
     lr: float = f.lr(3e-4)
     warmup_steps: int = f.warmup_steps(2)
-    min_lr_ratio: float = f.min_lr_ratio()
-    grad_clip: float = f.grad_clip()
-    seed: int = f.seed()
     log_every: int = f.log_every(1)
     ckpt_every: int = f.ckpt_every(25)

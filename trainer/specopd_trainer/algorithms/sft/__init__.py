@@ -5,14 +5,9 @@ Modules: :mod:`.config` (:class:`SFTConfig`), :mod:`.loop` (:func:`train_sft`), 
 
 from __future__ import annotations
 
-from specopd_trainer.algorithms.registry import Algorithm, register
+from specopd_trainer.algorithms.registry import Algorithm, lazy_run, register
 from specopd_trainer.algorithms.sft.config import SFTConfig
 
-
-def _run(ctx, cfg):
-    from specopd_trainer.algorithms.sft.run import run
-
-    return run(ctx, cfg)
 
 
 ALGORITHM = register(Algorithm(
@@ -21,7 +16,7 @@ ALGORITHM = register(Algorithm(
     help="SFT on the target's own responses (loss ce_decay); the trained drafter is pushed hot at the end.\n\n"
          "Runs under `torchrun` as DDP.",
     config=SFTConfig,
-    run=_run,
+    run=lazy_run("specopd_trainer.algorithms.sft.run:run"),
     recipe={},  # SFT runs on its config defaults
     data="sequences",
     flags={"anchors_per_seq": "--anchors", "warmup_steps": "--warmup"},

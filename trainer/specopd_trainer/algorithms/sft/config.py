@@ -2,30 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from specopd_trainer.algorithms import fields as f
 
 
-class SFTConfig(BaseModel):
+class SFTConfig(f.TrainConfig):
     """SFT hyper-parameters (strict: unknown keys rejected)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
     steps: int = f.steps(1000)
-    max_minutes: Optional[float] = f.max_minutes()
     seqs_per_step: int = Field(default=8, ge=1, description="Sequences per step (per rank).")
     anchors_per_seq: int = Field(default=16, ge=1, description="Anchors per sequence.")
     lr: float = f.lr(1e-3)
     warmup_steps: int = f.warmup_steps(30)
-    min_lr_ratio: float = f.min_lr_ratio()
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
-    grad_clip: float = f.grad_clip()
     gamma_decay: float = Field(default=5.0, gt=0, description="Slot decay of the ce_decay loss: slot k weighs "
                                                                 "exp(-(k-1)/gamma).")
-    seed: int = f.seed()
     log_every: int = f.log_every(10)
     ckpt_every: int = f.ckpt_every(50)
     eval_every: int = Field(default=100, ge=1, description="Held-out greedy-walk tau every N steps.")

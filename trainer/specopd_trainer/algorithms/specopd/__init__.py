@@ -23,7 +23,7 @@ Modules, in import order: :mod:`.config` (:class:`SpecOPDConfig`), :mod:`.sampli
 
 from __future__ import annotations
 
-from specopd_trainer.algorithms.registry import Algorithm, register
+from specopd_trainer.algorithms.registry import Algorithm, lazy_run, register
 from specopd_trainer.algorithms.specopd.config import SpecOPDConfig
 
 # The validated setting (README "Using it"; benchmarks/results/specopd_sweep_is_smollm2_cpu.json, the main job):
@@ -42,11 +42,6 @@ RECIPE = {
 }
 
 
-def _run(ctx, cfg):
-    from specopd_trainer.algorithms.specopd.run import run
-
-    return run(ctx, cfg)
-
 
 ALGORITHM = register(Algorithm(
     name="specopd",
@@ -56,7 +51,7 @@ ALGORITHM = register(Algorithm(
          "drafter is pushed hot every --push-every steps and at the end. Runs under `torchrun` as DDP (each rank "
          "samples its own sequences; rank 0 pushes).",
     config=SpecOPDConfig,
-    run=_run,
+    run=lazy_run("specopd_trainer.algorithms.specopd.run:run"),
     recipe=RECIPE,
     data="sequences",
     flags={"anchors_per_seq": "--anchors", "root_anchors_per_seq": "--root-anchors", "warmup_steps": "--warmup"},

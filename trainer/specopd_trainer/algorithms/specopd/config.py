@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from specopd_trainer.algorithms import fields as f
 
 
-class SpecOPDConfig(BaseModel):
+class SpecOPDConfig(f.TrainConfig):
     """SpecOPD hyper-parameters (strict: unknown keys rejected). The defaults are the library's; the validated recipe
     (``specopd train specopd``'s defaults, the main job) is the registry entry's ``recipe``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
     steps: int = f.steps(200)
-    max_minutes: Optional[float] = f.max_minutes()
     seqs_per_step: int = Field(default=2, ge=1, description="Reference sequences per step (per rank).")
     anchors_per_seq: int = Field(default=32, ge=1, description="Branch anchors per sequence.")
     branches: int = Field(default=8, ge=1, description="Branches sampled from the drafter per anchor.")
@@ -52,9 +49,6 @@ class SpecOPDConfig(BaseModel):
                                        "but measured 1.400 / 1.300 vs 1.420 / 1.310 mean tau (T0 / T1) on validation")
     lr: float = f.lr(3e-4)
     warmup_steps: int = f.warmup_steps(10)
-    min_lr_ratio: float = f.min_lr_ratio()
-    grad_clip: float = f.grad_clip()
-    seed: int = f.seed()
     log_every: int = f.log_every(5)
     ckpt_every: int = f.ckpt_every(25)
     push_every: int = Field(default=0, ge=0, description="Push the drafter into the server every N steps (0: only "
