@@ -2,7 +2,9 @@
 
 Server fixtures start real ``python -m sglang.launch_server`` processes through :class:`LaunchSpec` +
 :class:`SGLangServer` on free ports, always inside ``with`` so the whole process group is torn down, and check
-after teardown that no process of that server is left (:func:`assert_no_orphans`).
+after teardown that no process of that server is left (:func:`assert_no_orphans`) and no file it made either: its
+``/dev/shm`` entries (``sem.mp-*`` semaphores), its unix sockets (ZeroMQ ipc) and its private TMPDIR are gone
+(:func:`server_files` / :func:`assert_no_leftover_files`).
 
 Costs on a 2-core CPU machine: ~30-45 s and ~1.5 GB per SGLang process (3 per server) to start. To keep the
 suite short and never run two servers at once:
@@ -99,6 +101,66 @@ def assert_no_orphans(port: Optional[int] = None, tag: Optional[str] = None, tim
         time.sleep(0.25)
         left = find_server_processes(port, tag)
     assert not left, f"orphan server processes left behind (port {port}, tag {tag}):\n" + "\n".join(left)
+
+
+@dataclass
+class ServerFiles:
+    """Files a running server's processes hold: (device, inode) of mapped /dev/shm files, unix socket paths,
+    their TMPDIR values."""
+
+    shm: set = field(default_factory=set)
+    sockets: set = field(default_factory=set)
+    tmpdirs: set = field(default_factory=set)
+
+    def live_shm_paths(self) -> List[str]:
+        """The /dev/shm entries that are (hard links to) one of :attr:`shm` right now."""
+        out = []
+        for entry in os.scandir("/dev/shm"):
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) in self.shm:
+                out.append(entry.path)
+        return sorted(out)
+
+
+def server_files(sid: int) -> ServerFiles:
+    """What the live processes of session ``sid`` (a server started by ``SGLangServer``: its launcher's pid) map
+    from ``/dev/shm`` (by inode: a semaphore is mapped under its temporary name, linked to ``sem.mp-*``), the paths
+    of their unix sockets and their ``TMPDIR`` -- read here from /proc and psutil, independently of the launcher's
+    own bookkeeping. (By session, not by tag: setproctitle overwrites the scheduler's /proc/PID/environ.)"""
+    import psutil
+
+    out = ServerFiles()
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid == os.getpid() or os.getsid(proc.pid) != sid:
+                continue
+        except OSError:
+            continue
+        try:
+            env = proc.environ()
+            if env.get("TMPDIR"):
+                out.tmpdirs.add(env["TMPDIR"])
+            with open(f"/proc/{proc.pid}/maps") as fh:
+                for line in fh:
+                    parts = line.split(None, 5)
+                    if len(parts) == 6 and parts[5].startswith("/dev/shm/"):
+                        major, minor = parts[3].split(":")
+                        out.shm.add((os.makedev(int(major, 16), int(minor, 16)), int(parts[4])))
+            out.sockets |= {c.laddr for c in proc.net_connections(kind="unix")
+                            if isinstance(c.laddr, str) and c.laddr.startswith("/")}
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied, FileNotFoundError,
+                ProcessLookupError):
+            continue
+    return out
+
+
+def assert_no_leftover_files(files: ServerFiles) -> None:
+    """Fail if a /dev/shm file, unix socket or TMPDIR in ``files`` (taken while the server ran) still exists."""
+    left = files.live_shm_paths() + sorted(p for p in files.sockets | files.tmpdirs if os.path.exists(p))
+    assert not left, "files left behind by a stopped server:\n" + "\n".join(left)
 
 
 @pytest.fixture(scope="session")
@@ -205,10 +267,16 @@ def running_server(spec, log_dir: Path, name: str) -> Iterator[RunningServer]:
 
 @contextlib.contextmanager
 def _server_lifetime(server, spec, log_path: Path, tag: str) -> Iterator[RunningServer]:
+    files = ServerFiles()
     try:
         threads = None if "OMP_NUM_THREADS" in os.environ or not SERVER_OMP_THREADS else SERVER_OMP_THREADS
         with _env_var(TEST_TAG_ENV, tag), _env_var("OMP_NUM_THREADS", threads):
             server.start(timeout=SERVER_START_TIMEOUT_S)  # raises ServeError with SGLang's log tail on failure
+        files = server_files(server.proc.pid)
+        # SGLang's ipc sockets and semaphores exist while it runs, so the check below looks at something real
+        assert server.tmpdir in files.tmpdirs, (files.tmpdirs, server.tmpdir)
+        assert any(Path(p).name.startswith("sem.mp-") for p in files.live_shm_paths()), files.live_shm_paths()
+        assert files.sockets and all(p.startswith(server.tmpdir + os.sep) for p in files.sockets), files.sockets
         with server:
             yield RunningServer(url=server.url, port=spec.port, spec=spec, log_path=log_path, tag=tag,
                                 time_to_healthy_s=float(server.time_to_healthy_s or 0.0),
@@ -216,6 +284,7 @@ def _server_lifetime(server, spec, log_path: Path, tag: str) -> Iterator[Running
     finally:
         server.stop()
         assert_no_orphans(port=spec.port, tag=tag)
+        assert_no_leftover_files(files)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ def serve(
     """Start a real SGLang server (SPECOPD drafter per the config) and keep it running until interrupted."""
     from sglang_specopd.app.config import ConfigError, ServeConfig
     from sglang_specopd.app.launch import SGLangServer, ServeError
-    from sglang_specopd.app.serve import config_path, launch_spec
+    from sglang_specopd.app.serve import choose_drafter, config_path, launch_spec
 
     try:
         cfg = ServeConfig.load(config_path(config))
@@ -37,6 +37,8 @@ def serve(
         raise typer.Exit(code=2)
     if cfg.device == "cuda" and not cfg.checked_on_gpu:
         typer.echo(f"note: config {cfg.name!r} has not yet been checked on a GPU", err=True)
+    how = choose_drafter(cfg, Path(spec.model_path), override=drafter).how
+    typer.echo(f"drafter: {spec.drafter_path or 'none'} ({how})", err=True)
     server = SGLangServer(spec, log_path=log_file)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:

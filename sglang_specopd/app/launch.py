@@ -3,7 +3,9 @@
 The server is ``python -m sglang.launch_server`` in its own process group (so it and all its children are
 killed together: no orphan schedulers). On ``device="cpu"`` the environment selects SGLang's CPU engine
 (``SGLANG_USE_CPU_ENGINE=1``) and puts the ``sgl_kernel`` stand-in first on ``PYTHONPATH``; nothing of that is
-set on GPU. Used by ``specopd serve``, the tests' fixtures, the benchmarks and the main job.
+set on GPU. Each server gets a private ``TMPDIR`` (SGLang's ZeroMQ ipc sockets land there) that is removed on stop,
+together with the ``/dev/shm`` semaphores its processes left (:mod:`sglang_specopd.app.launch_cleanup`).
+Used by ``specopd serve``, the tests' fixtures, the benchmarks and the main job.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
+
+from sglang_specopd.app.launch_cleanup import (make_private_tmpdir, remove_shm_files, remove_tree, session_pids,
+                                               shm_refs_of_session)
 
 
 class ServeError(RuntimeError):
@@ -110,6 +115,13 @@ class LaunchSpec:
 _LIVE: "set[SGLangServer]" = set()
 
 
+def _wait_group_gone(sid: int, timeout: float = 10.0) -> None:
+    """Wait (up to ``timeout`` s) until no process of session/group ``sid`` is left (SIGKILLed ones being reaped)."""
+    deadline = time.monotonic() + timeout
+    while session_pids(sid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def _stop_all_live() -> None:
     for server in list(_LIVE):
         server.stop()
@@ -144,6 +156,10 @@ class SGLangServer:
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="sglang-", suffix=".log")[1])
         self.proc: Optional[subprocess.Popen] = None
         self.time_to_healthy_s: Optional[float] = None
+        #: the server's private TMPDIR while it runs (None before start and after stop)
+        self.tmpdir: Optional[str] = None
+        #: (device, inode) of the /dev/shm files seen in the server's processes; unlinked on stop if still there
+        self.shm_refs: "set[tuple[int, int]]" = set()
 
     @property
     def url(self) -> str:
@@ -156,9 +172,16 @@ class SGLangServer:
         log = open(self.log_path, "ab")
         t0 = time.monotonic()
         env = server_env(self.spec.device, prefix_cache_mb=self.spec.prefix_cache_mb)
-        self.proc = subprocess.Popen(self.spec.argv(), env=env, stdout=log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
+        self.tmpdir = make_private_tmpdir(env)
+        try:
+            self.proc = subprocess.Popen(self.spec.argv(), env=env, stdout=log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        except BaseException:
+            remove_tree(self.tmpdir)
+            self.tmpdir = None
+            raise
+        finally:
+            log.close()
         _install_cleanup()
         _LIVE.add(self)
         try:
@@ -174,7 +197,11 @@ class SGLangServer:
 
         deadline = time.monotonic() + timeout
         headers = {"Authorization": f"Bearer {self.spec.api_key}"} if self.spec.api_key else {}
+        next_scan = 0.0
         while time.monotonic() < deadline:
+            if time.monotonic() >= next_scan:  # a start-up death leaves no process to look at in stop()
+                self.record_shm_refs()
+                next_scan = time.monotonic() + 5.0
             if self.proc.poll() is not None:
                 raise ServeError(f"SGLang exited with code {self.proc.returncode} during start-up; "
                                  f"last log lines ({self.log_path}):\n{self.log_tail()}")
@@ -193,11 +220,22 @@ class SGLangServer:
         except OSError:
             return "(no log)"
 
+    def record_shm_refs(self) -> "set[tuple[int, int]]":
+        """Add the ``/dev/shm`` files the server's live processes map or hold open to :attr:`shm_refs`."""
+        if self.proc is not None:
+            self.shm_refs |= shm_refs_of_session(self.proc.pid)
+        return self.shm_refs
+
     def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM the process group, then SIGKILL what is left after ``timeout`` seconds (idempotent)."""
+        """SIGTERM the process group, then SIGKILL what is left after ``timeout`` seconds (idempotent).
+
+        Then remove what the server left behind: its private TMPDIR (ipc sockets) and the ``/dev/shm`` entries
+        (``sem.mp-*`` semaphores, load snapshots) its processes had that are still there.
+        """
         if self.proc is None:
             return
         pgid = self.proc.pid
+        self.record_shm_refs()
         for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
             try:
                 os.killpg(pgid, sig)
@@ -213,8 +251,13 @@ class SGLangServer:
             except ProcessLookupError:
                 pass
             break
+        _wait_group_gone(pgid)  # SIGKILLed children being reaped still hold their files
         self.proc = None
         _LIVE.discard(self)
+        remove_shm_files(self.shm_refs)
+        self.shm_refs = set()
+        remove_tree(self.tmpdir)
+        self.tmpdir = None
 
     def __enter__(self) -> "SGLangServer":
         if self.proc is None:

@@ -7,8 +7,10 @@ line instead of deep inside SGLang.
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from sglang_specopd.app.config import ServeConfig
 from sglang_specopd.app.launch import LaunchSpec, ServeError, check_port_free
@@ -85,10 +87,105 @@ def launch_spec(cfg: ServeConfig, *, host: str = "127.0.0.1", port: int = 30000,
     )
 
 
+def shipped_configs_dir() -> Path:
+    """The server configs shipped with the package: ``sglang_specopd/server_configs`` (in the source tree a link to
+    the top-level ``server_configs/``; a real directory in an installed wheel)."""
+    return Path(__file__).resolve().parents[1] / "server_configs"
+
+
+def shipped_config_names() -> List[str]:
+    """Names of the shipped configs (``cpu-smollm2``, ...), sorted; what ``--config NAME`` accepts."""
+    d = shipped_configs_dir()
+    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+
+
 def config_path(name_or_path: str) -> Path:
-    """A config given by path, or by name in the repository's ``server_configs/`` (``cpu-smollm2``)."""
+    """A config given by path, or by name among the shipped configs (``cpu-smollm2``), resolved; the path as given
+    when it is neither (``ServeConfig.load`` then reports it missing)."""
     p = Path(name_or_path).expanduser()
     if p.is_file():
         return p
-    repo_cfg = Path(__file__).resolve().parents[2] / "server_configs" / f"{name_or_path}.yaml"
-    return repo_cfg if repo_cfg.is_file() else p
+    shipped = shipped_configs_dir() / f"{name_or_path}.yaml"
+    return shipped.resolve() if shipped.is_file() else p
+
+
+@dataclass(frozen=True)
+class DrafterChoice:
+    """Which drafter a server will use and why: ``path`` (None: no drafter; for ``how == DEFAULT_HOW`` the
+    random-init default, created at launch if missing) and ``how`` (one line for the user)."""
+
+    path: Optional[Path]
+    how: str
+
+
+DEFAULT_HOW = "random-init default drafter (no trained drafter found)"
+
+
+def trained_drafter_candidates(target_dir: Path, block_size: int) -> List[Tuple[Path, str]]:
+    """Where ``specopd main`` leaves trained drafters for ``target_dir``: (directory, label) pairs, may not exist.
+
+    The main job saves its SFT drafter as ``$SPECOPD_HOME/drafters/<target>-sft-b8`` and the SpecOPD-trained one
+    as ``$SPECOPD_HOME/main_job/drafter-specopd`` (see :mod:`sglang_specopd.app.main_job`).
+    """
+    from sglang_specopd.wire.home import drafters_dir, specopd_home
+
+    return [(specopd_home() / "main_job" / "drafter-specopd", "SpecOPD drafter of `specopd main`"),
+            (drafters_dir() / f"{target_dir.name}-sft-b{block_size}", "SFT drafter of `specopd main`")]
+
+
+def _weights_mtime(drafter: Path) -> Optional[float]:
+    try:
+        return (drafter / "model.safetensors").stat().st_mtime
+    except OSError:
+        return None
+
+
+def newest_trained_drafter(target_dir: Path, block_size: int) -> Optional[DrafterChoice]:
+    """The most recently saved trained drafter (:func:`trained_drafter_candidates`) that fits ``target_dir`` and
+    has ``block_size``; None when there is none. Candidates that fail the drafter check are skipped."""
+    import json
+
+    from sglang_specopd.app.drafter_check import check_drafter
+
+    fitting = []
+    for path, label in trained_drafter_candidates(target_dir, block_size):
+        mtime = _weights_mtime(path)
+        if mtime is None:
+            continue
+        try:
+            cfg = json.loads((path / "config.json").read_text())
+            got_block = (cfg.get("dflash_config") or {}).get("block_size")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if got_block != block_size or check_drafter(path, target_dir):
+            continue
+        fitting.append((mtime, path, label))
+    if not fitting:
+        return None
+    mtime, path, label = max(fitting, key=lambda t: t[0])
+    saved = time.strftime("%Y-%m-%d %H:%M", time.localtime(mtime))
+    return DrafterChoice(path, f"newest trained drafter: {label}, saved {saved}")
+
+
+def choose_drafter(cfg: ServeConfig, target_dir: Path, override: Optional[str] = None,
+                   prefer_trained: bool = False) -> DrafterChoice:
+    """The drafter a server for ``cfg`` serves, and how it was chosen (nothing is created or validated here).
+
+    Order: ``override`` (``--drafter``); no drafter when the config has none; the config's drafter directory; for
+    ``drafter: default`` with ``prefer_trained`` (``specopd demo``) the newest fitting trained drafter
+    (:func:`newest_trained_drafter`); else the random-init default drafter (:func:`default_drafter_dir`).
+    """
+    if override is not None:
+        return DrafterChoice(Path(override).expanduser(), "given with --drafter")
+    if cfg.drafter is None or cfg.speculative_algorithm is None:
+        return DrafterChoice(None, f"config {cfg.name!r} serves without a drafter")
+    if cfg.drafter != "default":
+        return DrafterChoice(Path(cfg.drafter).expanduser(), f"set in config {cfg.name!r}")
+    block = cfg.block_size or DEFAULT_BLOCK_SIZE
+    if prefer_trained:
+        found = newest_trained_drafter(target_dir, block)
+        if found is not None:
+            return found
+    how = DEFAULT_HOW if prefer_trained else (f"config {cfg.name!r} asks for the random-init default drafter; "
+                                              "serve a trained one with --drafter DIR")
+    return DrafterChoice(default_drafter_dir(target_dir, block), how)
