@@ -305,6 +305,14 @@ def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_target6(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 6-layer tiny Llama: 2 context layers spread to ids [1, 3] (drafter-format and registry tests)."""
+    from _tiny_target import make_tiny_target
+
+    return make_tiny_target(tmp_path_factory.mktemp("tgt") / "llama6", num_layers=6)
+
+
+@pytest.fixture(scope="session")
 def tiny_drafter(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random 2-layer, block-4 DFlash drafter for :func:`tiny_target` (fp32)."""
     from sglang_specopd.wire.drafter_init import init_drafter

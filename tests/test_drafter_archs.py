@@ -36,7 +36,6 @@ from sglang_specopd.wire.drafter_archs import (
 )
 from sglang_specopd.wire.drafter_format import DrafterConfigError, DrafterSpec, drafter_config, expected_tensors
 from sglang_specopd.wire.drafter_init import DrafterInitError, init_drafter, init_drafter_tensors
-from _tiny_target import make_tiny_target
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -99,8 +98,8 @@ def dummy_arch() -> Iterator[DrafterArch]:
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_target(tmp_path_factory.mktemp("tgt") / "llama6", num_layers=6)
+def target(tiny_target6: Path) -> Path:
+    return tiny_target6
 
 
 @pytest.fixture(scope="module")

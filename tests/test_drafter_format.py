@@ -29,9 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 6-layer tiny Llama: 2 context layers spread to ids [1, 3]."""
-    return make_tiny_target(tmp_path_factory.mktemp("tgt") / "llama6", num_layers=6)
+def target(tiny_target6: Path) -> Path:
+    return tiny_target6
 
 
 @pytest.fixture(scope="module")
