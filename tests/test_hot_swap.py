@@ -11,6 +11,7 @@ weight changes), so it is unit-tested with a fake worker whose ``load_weights`` 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
@@ -223,6 +224,12 @@ def _refused_cases(shared: Shared) -> Dict[str, tuple]:
     cases["non-finite value"] = (swap_payload(config, t, "nan"), ["non-finite"])
     t = {**tensors, name2d: torch.zeros(tensors[name2d].shape, dtype=torch.int32)}
     cases["integer dtype"] = (swap_payload(config, t, "int"), ["dtype"])
+    # measured 500s (issue 18) and an empty checksum that was taken as "no checksum": all 400 with the reason
+    cases["checksum an int"] = (_with_checksum(config, tensors, 12345), ["sha256_of_tensors", "int"])
+    cases["checksum an object"] = (_with_checksum(config, tensors, {"a": 1}), ["sha256_of_tensors", "dict"])
+    cases["checksum empty"] = (_with_checksum(config, tensors, ""), ["sha256_of_tensors", "hex"])
+    t = {**tensors, name2d: tensors[name2d].to(torch.float8_e4m3fn)}
+    cases["float8 dtype"] = (swap_payload(config, t, "f8"), [name2d, "float8_e4m3fn"])
     cases["no config"] = (encode_tensors(tensors, {"version": "nocfg"}), ["architectures"])
     cases["config not an object"] = (encode_tensors(tensors, {"config": [1, 2], "version": "x"}), ["config"])
     cases["missing directory"] = (path_body(shared.drafter.parent / "does-not-exist"), ["cannot read"])
@@ -236,8 +243,9 @@ def _refused_cases(shared: Shared) -> Dict[str, tuple]:
 
 REFUSED = ["target directory", "target config", "wrong shape", "missing tensor", "extra tensor", "truncated payload",
            "checksum mismatch", "different block_size", "different layer count", "non-finite value",
-           "integer dtype", "no config", "config not an object", "missing directory", "JSON without path",
-           "JSON path not a string", "bad JSON", "empty body", "garbage bytes"]
+           "integer dtype", "checksum an int", "checksum an object", "checksum empty", "float8 dtype", "no config",
+           "config not an object", "missing directory", "JSON without path", "JSON path not a string", "bad JSON",
+           "empty body", "garbage bytes"]
 
 
 @pytest.fixture(scope="module")
@@ -418,3 +426,77 @@ def test_swaps_under_concurrent_greedy_requests(shared_server: Shared, baselines
         seen |= set(versions)
     assert {"scaled-c1", "initial-c2", "scaled-c3"} <= seen, seen
     assert info(shared)["version"] == "scaled-c3"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Swap request validation (unit): every bad body is a ValueError (HTTP 400) with the reason, never another error
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _unit_refusal(tiny_drafter: Path, body: bytes) -> str:
+    """The reason the scheduler op would refuse ``body`` with (a ValueError: HTTP 400); fails if it passes."""
+    from sglang_specopd.server.hot_swap import check_swap_request
+    from sglang_specopd.wire.drafter_archs import load_drafter_spec
+
+    with pytest.raises(ValueError) as info:
+        check_swap_request(load_drafter_spec(tiny_drafter), body)
+    assert type(info.value) is ValueError or isinstance(info.value, json.JSONDecodeError), type(info.value)
+    return str(info.value)
+
+
+def _with_checksum(config: dict, tensors: dict, checksum) -> bytes:
+    return encode_tensors(tensors, {"config": config, "version": "v", "sha256_of_tensors": checksum})
+
+
+@pytest.mark.parametrize("checksum", [12345, {"sha256": "ab"}, "", None, ["ab"], "xyz", "ab" * 31])
+def test_swap_checksum_must_be_a_hex_sha256(tiny_drafter: Path, checksum) -> None:
+    """sha256_of_tensors, when present, is a 64-digit hex string: an int or an object was a TypeError (HTTP 500),
+    an empty string was taken as "no checksum" and the swap went through."""
+    config, tensors = load_drafter(tiny_drafter)
+    msg = _unit_refusal(tiny_drafter, _with_checksum(config, tensors, checksum))
+    assert "sha256_of_tensors" in msg and "hex" in msg, msg
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.float64, torch.int32, torch.bool,
+                                   torch.complex64])
+def test_swap_unsupported_dtype_is_refused_by_name(tiny_drafter: Path, dtype) -> None:
+    """Only float32 / bfloat16 / float16 tensors: float8 was an ``isfinite`` NotImplementedError (HTTP 500). The
+    check comes before the checksum (computed over the raw bytes) and before any value check."""
+    config, tensors = load_drafter(tiny_drafter)
+    name = sorted(tensors)[0]
+    bad = {**tensors, name: tensors[name].to(dtype)}
+    for body in (swap_payload(config, bad, "v"), encode_tensors(bad, {"config": config, "version": "v"})):
+        msg = _unit_refusal(tiny_drafter, body)
+        assert name in msg and str(dtype).replace("torch.", "") in msg, msg
+
+
+@pytest.mark.parametrize("version", [5, "", ["a"], {"v": 1}])
+def test_swap_version_must_be_a_non_empty_string(tiny_drafter: Path, version) -> None:
+    config, tensors = load_drafter(tiny_drafter)
+    body = encode_tensors(tensors, {"config": config, "version": version, "sha256_of_tensors": tensors_digest(tensors)})
+    assert "version" in _unit_refusal(tiny_drafter, body)
+    assert "version" in _unit_refusal(tiny_drafter, json.dumps({"path": str(tiny_drafter), "version": version}).encode())
+
+
+def test_swap_json_request_refuses_unknown_keys_and_bad_json(tiny_drafter: Path) -> None:
+    assert "unknown" in _unit_refusal(tiny_drafter, json.dumps({"path": str(tiny_drafter), "junk": 1}).encode())
+    assert "JSON" in _unit_refusal(tiny_drafter, b"{not json")
+    assert "JSON" in _unit_refusal(tiny_drafter, b'{"path": "\xff"}')
+
+
+def test_swap_accepts_the_supported_dtypes_with_their_checksum(tiny_drafter: Path) -> None:
+    from sglang_specopd.server.hot_swap import check_swap_request
+    from sglang_specopd.wire.drafter_archs import load_drafter_spec
+
+    config, tensors = load_drafter(tiny_drafter)
+    spec = load_drafter_spec(tiny_drafter)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        cast = {k: v.to(dtype) for k, v in tensors.items()}
+        body = swap_payload(config, cast, f"v-{dtype}")
+        cfg, got, version = check_swap_request(spec, body)
+        assert version == f"v-{dtype}" and cfg == config and set(got) == set(tensors)
+        assert all(torch.equal(got[k], cast[k]) for k in cast)
+        upper = encode_tensors(cast, {"config": config, "sha256_of_tensors": tensors_digest(cast).upper()})
+        assert check_swap_request(spec, upper)[2] == hashlib.sha256(upper).hexdigest()[:12]
+    assert check_swap_request(spec, encode_tensors(tensors, {"config": config}))[1].keys() == tensors.keys()
+    assert check_swap_request(spec, path_body(tiny_drafter))[2] == tiny_drafter.name

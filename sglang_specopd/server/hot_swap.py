@@ -10,7 +10,9 @@ tensors; the safetensors metadata holds ``{"config": <config.json dict>, "versio
   :class:`~sglang_specopd.wire.drafter_format.DrafterSpec`, equal to the serving drafter's, dtype aside);
 * names: exactly the serving drafter's checkpoint tensor names (no missing, no extra: a target checkpoint, whose
   layers are called ``model.layers.*``, can never pass, unlike SGLang's own ``update_weights_from_disk``);
-* shapes equal, dtypes floating, values finite; ``sha256`` of the body checked when given.
+* shapes equal, dtypes float32 / bfloat16 / float16 (checked before any op on the values), values finite;
+  ``sha256_of_tensors`` (when present: a 64-digit hex string, nothing else) checked; ``version`` (when present) a
+  non-empty string. Every refusal is a ``ValueError``: HTTP 400 with the reason.
 
 Then the weights are loaded with the draft model's own ``load_weights`` (fused q/k/v and gate/up handled by
 SGLang), the DFLASH fused context-KV helper (pre-stacked weight copies on GPU) is rebuilt, and the version is
@@ -67,8 +69,9 @@ def validate_swap(serving_spec, config: dict, tensors: Dict[str, torch.Tensor]) 
     ``serving_spec`` is a spec of a registered drafter architecture; ``config`` must name the same architecture
     (another registered one, e.g. a DSpark checkpoint on a DFlash server, is refused: "cannot change the drafter
     architecture"), describe the same drafter (dtype aside) and come with exactly its tensors: same names and
-    shapes, floating dtypes, finite values."""
+    shapes, dtypes among float32/bfloat16/float16, finite values."""
     from sglang_specopd.wire.drafter_archs import UnknownDrafterArchError, arch_for_config, arch_for_spec
+    from sglang_specopd.wire.protocol import check_swap_tensors
 
     serving = arch_for_spec(serving_spec)
     if not isinstance(config, dict):
@@ -90,6 +93,7 @@ def validate_swap(serving_spec, config: dict, tensors: Dict[str, torch.Tensor]) 
     diff = _same_drafter(serving_spec, spec)
     if diff:
         raise ValueError(f"refused: the new drafter differs from the serving one in {', '.join(diff)}")
+    check_swap_tensors(tensors)
     want = serving.expected_tensors(serving_spec)
     missing = sorted(set(want) - set(tensors))
     extra = sorted(set(tensors) - set(want))
@@ -99,8 +103,6 @@ def validate_swap(serving_spec, config: dict, tensors: Dict[str, torch.Tensor]) 
     for name, t in tensors.items():
         if tuple(t.shape) != tuple(want[name]):
             raise ValueError(f"refused: {name} has shape {tuple(t.shape)}, expected {tuple(want[name])}")
-        if not t.dtype.is_floating_point:
-            raise ValueError(f"refused: {name} has dtype {t.dtype}, expected a floating dtype")
         if not torch.isfinite(t).all():
             raise ValueError(f"refused: {name} has non-finite values")
 
@@ -125,15 +127,23 @@ def apply_swap(worker, tensors: Dict[str, torch.Tensor]) -> None:
 
 
 def _read_request(payload: bytes) -> Tuple[dict, Dict[str, torch.Tensor], str]:
+    """(config, tensors, version) of a swap body; ``ValueError`` with the reason for anything malformed."""
     from safetensors.torch import load_file
 
-    from sglang_specopd.wire.protocol import decode_tensors
+    from sglang_specopd.wire.protocol import check_swap_header, check_swap_tensors, check_swap_version, decode_tensors
 
     if payload[:1] == b"{":
-        req = json.loads(payload)
+        try:
+            req = json.loads(payload)
+        except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
+            raise ValueError(f"refused: the swap body is not valid JSON: {exc}") from None
         if not isinstance(req, dict) or not isinstance(req.get("path"), str):
             raise ValueError('refused: a JSON swap request must be {"path": DIR, "version": str (optional)}')
+        unknown = sorted(set(req) - {"path", "version"})
+        if unknown:
+            raise ValueError(f"refused: unknown keys {unknown[:5]} in a JSON swap request (allowed: path, version)")
         path = Path(req["path"])
+        version = check_swap_version(req, path.name)
         try:
             config = json.loads((path / "config.json").read_text())
             tensors = load_file(str(path / "model.safetensors"))
@@ -141,25 +151,38 @@ def _read_request(payload: bytes) -> Tuple[dict, Dict[str, torch.Tensor], str]:
             raise ValueError(f"refused: cannot read drafter directory {path}: {exc}") from None
         except Exception as exc:  # safetensors' own errors on truncated files
             raise ValueError(f"refused: cannot read {path / 'model.safetensors'}: {exc}") from None
-        return config, tensors, str(req.get("version") or path.name)
+        check_swap_tensors(tensors)
+        return config, tensors, version
     digest = hashlib.sha256(payload).hexdigest()
     tensors, header = decode_tensors(payload)
+    version = check_swap_header(header, digest)
+    check_swap_tensors(tensors)  # before the checksum: it reads raw bytes, which some dtypes cannot give
     want = header.get("sha256_of_tensors")
-    if want:
+    if want is not None:
         from sglang_specopd.wire.protocol import tensors_digest
 
         got = tensors_digest(tensors)
-        if got != want:
+        if got != want.lower():
             raise ValueError(f"refused: checksum mismatch (sent {want[:12]}..., received {got[:12]}...)")
-    return header.get("config") or {}, tensors, str(header.get("version") or digest[:12])
+    return header.get("config") or {}, tensors, version
+
+
+def check_swap_request(serving_spec, payload: bytes) -> Tuple[dict, Dict[str, torch.Tensor], str]:
+    """Everything the swap op checks before touching a weight: (config, tensors, version) of a drop-in drafter.
+
+    ``payload``: the HTTP body (safetensors bytes or JSON ``{"path", "version"}``). Raises ``ValueError`` (HTTP
+    400) with the first problem: malformed body or header, a checksum that is not a 64-digit hex string or does
+    not match, a dtype other than float32/bfloat16/float16, or anything :func:`validate_swap` refuses."""
+    config, tensors, version = _read_request(payload)
+    validate_swap(serving_spec, config, tensors)
+    return config, tensors, version
 
 
 @op("swap_drafter")
 def swap_drafter_op(scheduler, payload: bytes):
     """Scheduler op: validate then apply a drafter swap; reply JSON {version, previous_version, swaps}."""
     worker = _worker(scheduler)
-    config, tensors, version = _read_request(payload)
-    validate_swap(_serving_spec(scheduler), config, tensors)
+    _, tensors, version = check_swap_request(_serving_spec(scheduler), payload)
     apply_swap(worker, tensors)
     previous = _STATE["version"]
     _STATE["version"], _STATE["swaps"] = version, _STATE["swaps"] + 1

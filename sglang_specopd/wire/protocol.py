@@ -23,6 +23,11 @@ DRAFTER_INFO_PATH = "/specopd/drafter"
 PREFIX_CACHE_PATH = "/specopd/prefix_cache"  # GET: stats; POST .../clear (admin): drop every entry
 BINARY_CONTENT_TYPE = "application/octet-stream"
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 2**20
+# Per score_trees request, over all its references (HTTP 413 beyond; the server's memory cap,
+# score_trees_max_request_mb, usually binds first).
+MAX_REQUEST_TOKENS = 262_144  # reference tokens
+MAX_REQUEST_NODES = 1_048_576  # tree nodes
+MAX_REQUEST_ANCHORS = 262_144  # anchor trees
 
 ReturnKind = Literal["topk", "hidden", "logprobs"]
 
@@ -161,7 +166,10 @@ def decode_tensors(data: bytes) -> Tuple[Dict[str, "object"], dict]:
         raise ValueError(f"malformed safetensors payload: {exc}") from None
     header_len = int.from_bytes(data[:8], "little")
     meta = json.loads(data[8 : 8 + header_len]).get("__metadata__", {}) or {}
-    header = json.loads(meta.get("specopd", "{}"))
+    try:
+        header = json.loads(meta.get("specopd", "{}"))
+    except ValueError as exc:
+        raise ValueError(f"malformed payload: the specopd header is not JSON: {exc}") from None
     if not isinstance(header, dict):
         raise ValueError(f"malformed payload: the specopd header must be a JSON object, got {type(header).__name__}")
     return tensors, header
@@ -194,6 +202,12 @@ def request_to_binary(req: ScoreTreesRequest) -> bytes:
 
 def request_from_binary(data: bytes) -> ScoreTreesRequest:
     """Parse the binary form; raises :class:`ScoreTreesError` (wrong dtype, missing tensor) or ``ValueError``."""
+    return ScoreTreesRequest.model_validate(request_dict_from_binary(data))
+
+
+def request_dict_from_binary(data: bytes) -> dict:
+    """The binary form as the JSON form's dict (not yet validated by the models; same errors as
+    :func:`request_from_binary`)."""
     tensors, header = decode_tensors(data)
     n = header.pop("num_references", None)
     if not isinstance(n, int) or n < 1:
@@ -224,7 +238,7 @@ def request_from_binary(data: bytes) -> ScoreTreesRequest:
             parents[owner].append(par)
         trees = [{"anchor": a, "tokens": tokens[j], "parents": parents[j]} for j, a in enumerate(parts["anchors"])]
         refs.append({"input_ids": parts["input_ids"], "trees": trees})
-    return ScoreTreesRequest.model_validate({**header, "references": refs})
+    return {**header, "references": refs}
 
 
 def tensors_digest(tensors: Dict[str, "object"]) -> str:
@@ -241,6 +255,54 @@ def tensors_digest(tensors: Dict[str, "object"]) -> str:
         h.update(str(tuple(t.shape)).encode())
         h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
+
+
+SWAP_DTYPES = ("float32", "bfloat16", "float16")  # what a serving drafter holds; anything else is refused
+SWAP_HEADER_KEYS = ("config", "version", "sha256_of_tensors")
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def check_swap_tensors(tensors: Dict[str, "object"]) -> None:
+    """Raise ``ValueError`` naming the first tensor whose dtype is not one of :data:`SWAP_DTYPES` (float8, float64,
+    integer, bool, complex ...). Needs nothing but ``dtype``, so it runs before any op on the values (a checksum,
+    ``isfinite``) that some dtypes do not implement."""
+    for name in sorted(tensors):
+        dtype = str(tensors[name].dtype).replace("torch.", "")
+        if dtype not in SWAP_DTYPES:
+            raise ValueError(f"refused: {name} has dtype {dtype}; a swap takes {', '.join(SWAP_DTYPES)} tensors")
+
+
+def check_swap_header(header: dict, digest: str) -> str:
+    """Validate a binary swap body's header; return its version (``digest[:12]`` when none is given).
+
+    ``header`` may hold only :data:`SWAP_HEADER_KEYS`; ``version``, when present, is a non-empty string;
+    ``sha256_of_tensors``, when present, is a 64-digit hex string (an empty string, ``null`` or any other type is
+    refused, never taken as "no checksum"). Raises ``ValueError`` with the reason."""
+    unknown = sorted(set(header) - set(SWAP_HEADER_KEYS))
+    if unknown:
+        raise ValueError(f"refused: unknown swap header keys {unknown[:5]} (allowed: {', '.join(SWAP_HEADER_KEYS)})")
+    if "sha256_of_tensors" in header:
+        want = header["sha256_of_tensors"]
+        if not (isinstance(want, str) and len(want) == 64 and set(want) <= _HEX):
+            raise ValueError(f"refused: sha256_of_tensors must be a 64-digit hex string, got "
+                             f"{type(want).__name__} {_short(want)}")
+    return check_swap_version(header, digest[:12])
+
+
+def check_swap_version(request: dict, default: str) -> str:
+    """``request["version"]`` when present (a non-empty string, else ``ValueError``), ``default`` otherwise."""
+    if "version" not in request:
+        return default
+    version = request["version"]
+    if not isinstance(version, str) or not version:
+        raise ValueError(f"refused: version must be a non-empty string, got {type(version).__name__} "
+                         f"{_short(version)}")
+    return version
+
+
+def _short(value: "object", limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def swap_payload(config: dict, tensors: Dict[str, "object"], version: str) -> bytes:

@@ -9,6 +9,7 @@ kept. Exported drafters (SGLang format) are separate (``DFlashDrafter.save_pretr
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import tempfile
@@ -22,7 +23,8 @@ class CheckpointError(RuntimeError):
     """A checkpoint could not be read (missing, truncated or from an incompatible run)."""
 
 
-def _atomic_write_bytes(path: Path, write) -> None:
+def atomic_write_bytes(path: Path, write) -> None:
+    """Write ``path`` through ``write(binary file)`` into a temp file in the same directory, fsync, rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -51,8 +53,8 @@ def save_checkpoint(run_dir: str | Path, step: int, state: Dict[str, Any], keep:
     ckpt_dir = Path(run_dir) / "checkpoints"
     path = ckpt_dir / f"step-{step:07d}.pt"
     payload = {**state, "step": step, "rng": rng_state()}
-    _atomic_write_bytes(path, lambda fh: torch.save(payload, fh))
-    _atomic_write_bytes(ckpt_dir / "latest", lambda fh: fh.write(path.name.encode()))
+    atomic_write_bytes(path, lambda fh: torch.save(payload, fh))
+    atomic_write_bytes(ckpt_dir / "latest", lambda fh: fh.write(path.name.encode()))
     old = sorted(ckpt_dir.glob("step-*.pt"))[:-keep] if keep > 0 else []
     for p in old:
         p.unlink(missing_ok=True)
@@ -80,3 +82,29 @@ def load_checkpoint(path: str | Path, restore_rng: bool = True) -> Dict[str, Any
     if restore_rng and "rng" in state:
         set_rng_state(state["rng"])
     return state
+
+
+def truncate_metrics_log(path: str | Path, step: int) -> bool:
+    """Keep exactly the rows of a ``metrics.jsonl`` a run resuming from checkpoint ``step`` must keep.
+
+    Rows with ``"step" > step`` were written after that checkpoint, before a crash: the resumed run recomputes
+    and logs those steps again, so they are dropped (one row per step, never two). A line that is not a JSON
+    object (the tail of a write cut by ``kill -9``) is dropped too. The file is replaced atomically (a crash
+    here leaves the old or the new file, whole). Returns whether anything was dropped; a missing file is a no-op.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return False
+    lines = path.read_text().splitlines()
+    keep = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step", 0), (int, float)) and row.get("step", 0) <= step:
+            keep.append(line)
+    if len(keep) == len(lines):
+        return False
+    atomic_write_bytes(path, lambda fh: fh.write("".join(line + "\n" for line in keep).encode()))
+    return True

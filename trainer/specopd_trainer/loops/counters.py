@@ -2,7 +2,8 @@
 
 ``counters.json`` in the run directory maps a completed step to {supervised_tokens, wall_s}; a resumed run reads
 the row of the checkpoint it starts from, so ``supervised_tokens`` and ``supervised_wall_s`` in metrics.jsonl
-continue over resumes (and rows past that checkpoint, written before a crash, are dropped).
+continue over resumes (rows past that checkpoint, written before a crash, are dropped by the engine:
+:func:`specopd_trainer.loops.engine.resume_metrics`).
 """
 
 from __future__ import annotations
@@ -41,8 +42,6 @@ class Counters:
         self.tokens = int(row.get("supervised_tokens", 0))
         self.wall_before = float(row.get("wall_s", 0.0))
         self.t0 = time.monotonic()
-        if rank == 0 and self.start_step:
-            _truncate_metrics(run_dir / "metrics.jsonl", self.start_step)
 
     def wall(self) -> float:
         """Training wall seconds so far, resumes included."""
@@ -67,16 +66,6 @@ def _atomic_write_text(path: Path, text: str) -> None:
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
     os.replace(tmp, path)
-
-
-def _truncate_metrics(path: Path, step: int) -> None:
-    """Drop metrics rows past the checkpoint a run resumes from (written after it, before a crash)."""
-    if not path.is_file():
-        return
-    lines = [l for l in path.read_text().splitlines() if l.strip()]
-    keep = [l for l in lines if json.loads(l).get("step", 0) <= step]
-    if len(keep) != len(lines):
-        _atomic_write_text(path, "".join(l + "\n" for l in keep))
 
 
 def passthrough(metrics: dict, handled) -> dict:

@@ -11,6 +11,7 @@ latest checkpoint (the step RNG is a pure function of (seed, step, rank), so res
 from __future__ import annotations
 
 import csv
+import io
 import json
 import time
 from pathlib import Path
@@ -18,7 +19,8 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
-from specopd_trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from specopd_trainer.checkpoint import (atomic_write_bytes, latest_checkpoint, load_checkpoint, save_checkpoint,
+                                        truncate_metrics_log)
 from specopd_trainer.loops.common import dist_info, lr_at, step_generator
 from specopd_trainer.loops.progress import TrainProgress
 
@@ -52,6 +54,8 @@ def run_training(drafter, step_fn: Callable[[int, torch.Generator], Tuple[float,
         opt.load_state_dict(state["optimizer"])
         start, wall_before = int(state["step"]), float(state.get("wall_s", 0.0))
     log_path = run_dir / "metrics.jsonl"
+    if rank == 0:
+        resume_metrics(run_dir, start)
     bar = TrainProgress(desc=desc, steps=steps, start_step=start, max_minutes=max_minutes, wall_before=wall_before,
                         enabled=progress and rank == 0)
     t0 = time.monotonic()
@@ -96,15 +100,26 @@ def run_training(drafter, step_fn: Callable[[int, torch.Generator], Tuple[float,
     return {"steps": step, "loss": loss, "wall_s": wall_before + time.monotonic() - t0, "metrics": metrics}
 
 
+def resume_metrics(run_dir: str | Path, step: int) -> None:
+    """Before a run (re)starts at ``step`` (0: fresh): drop the metrics rows past it, so that every step keeps
+    exactly one row in ``metrics.jsonl`` (rows logged after the latest checkpoint, before a crash, are logged again
+    by the resumed run), and rewrite a ``metrics.csv`` left by an earlier call from the kept rows. Both files are
+    replaced atomically."""
+    run_dir = Path(run_dir)
+    if truncate_metrics_log(run_dir / "metrics.jsonl", step) and (run_dir / "metrics.csv").is_file():
+        write_metrics_csv(run_dir)
+
+
 def write_metrics_csv(run_dir: str | Path) -> Path:
-    """Flatten ``metrics.jsonl`` into ``metrics.csv`` (scalar columns) for spreadsheets and plots."""
+    """Flatten ``metrics.jsonl`` into ``metrics.csv`` (scalar columns) for spreadsheets and plots (atomic write)."""
     run_dir = Path(run_dir)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     keys = sorted({k for r in rows for k, v in r.items() if isinstance(v, (int, float))})
     out = run_dir / "metrics.csv"
-    with open(out, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=keys, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow(r)
+    text = io.StringIO(newline="")
+    w = csv.DictWriter(text, fieldnames=keys, extrasaction="ignore")
+    w.writeheader()
+    for r in rows:
+        w.writerow(r)
+    atomic_write_bytes(out, lambda fh: fh.write(text.getvalue().encode()))
     return out

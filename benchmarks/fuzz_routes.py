@@ -1,0 +1,229 @@
+"""Property-based fuzz of every HTTP route the plugin serves or reads client data from, on one tiny SPECOPD server.
+
+Routes (strategies: ``benchmarks/fuzz_strategies.py``, shared with ``tests/test_fuzz_routes.py``):
+``POST /specopd/score_trees`` (JSON and binary bodies: random structures, wrong types, huge/negative ints, bad safetensors, random headers),
+``POST /specopd/drafter/swap`` (random safetensors bodies with random names/dtypes/shapes/headers, mutated valid
+payloads, JSON path bodies; with and without the admin key), ``GET /specopd/prefix_cache`` and
+``POST /specopd/prefix_cache/clear`` (with and without the key), and generation (``/generate`` and
+``/v1/completions``) with random ``custom_params`` / ``specopd_trace`` values. Property: every reply is < 500 and
+well-formed (JSON; a score_trees 200 is decodable safetensors); afterwards ``/health`` is 200 and a fixed greedy
+probe gives the same tokens as before::
+
+    python benchmarks/fuzz_routes.py --examples 10000
+
+Writes ``benchmarks/results/fuzz_routes_cpu.json`` (examples and statuses per route, 5xx count, health, probe).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+import httpx
+from hypothesis import HealthCheck, given, settings
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fuzz_strategies import (  # noqa: E402  (the sibling module: one source of the strategies)
+    ADMIN_KEY,
+    STRATEGIES,
+    WEIGHTS,
+    Case,
+    Target,
+)
+from sglang_specopd.wire.protocol import BINARY_CONTENT_TYPE, decode_tensors  # noqa: E402
+
+EXAMPLES_ENV = "SPECOPD_FUZZ_EXAMPLES"
+DEFAULT_EXAMPLES = 150
+PROBE_PROMPT = "The fuzz probe: greedy tokens before and after."
+PROBE_TOKENS = 12
+
+
+def examples_per_route(total: int) -> Dict[str, int]:
+    """Split ``total`` examples over the routes by :data:`WEIGHTS` (each route at least 1)."""
+    return {route: max(1, round(total * w)) for route, w in WEIGHTS.items()}
+
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Property and runner
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def check_reply(case: Case, status: int, content: bytes, content_type: str) -> List[str]:
+    """Problems with one reply ([] = the property holds): < 500, JSON error bodies with a message, decodable
+    score_trees replies, 401 for every unauthorised admin call."""
+    problems = []
+    if status >= 500:
+        problems.append(f"{status} >= 500")
+    if case.meta.get("unauthorised") and status != 401:
+        problems.append(f"unauthorised admin call answered {status}")
+    if status == 200 and content_type.startswith(BINARY_CONTENT_TYPE):
+        try:
+            decode_tensors(content)
+        except ValueError as exc:
+            problems.append(f"undecodable binary reply: {exc}")
+        return problems
+    try:
+        body = json.loads(content)
+    except ValueError:
+        return problems + [f"reply is not JSON: {content[:120]!r}"]
+    if status != 200:
+        if not error_reason(body):
+            problems.append(f"{status} without a reason: {content[:120]!r}")
+    elif case.path == "/generate" and case.meta.get("trace") is True:
+        if not isinstance(body.get("meta_info", {}).get("specopd_trace"), list):
+            problems.append("a traced /generate reply has no specopd_trace list")
+    return problems
+
+
+def error_reason(body) -> Optional[str]:
+    """The reason in an error reply: ``{"error": {"message"}}`` (the plugin, /generate), ``{"error": str}`` (SGLang's
+    auth), ``{"object": "error", "message"}`` (the OpenAI API) or ``{"detail"}`` (FastAPI); None when absent."""
+    if not isinstance(body, dict):
+        return None
+    err = body.get("error")
+    reason = err.get("message") if isinstance(err, dict) else err
+    return str(reason or body.get("message") or body.get("detail") or "") or None
+
+
+@dataclass
+class Tally:
+    """Per route: examples sent and status counts; every property violation with its request."""
+
+    statuses: Dict[str, Counter] = field(default_factory=dict)
+    violations: List[dict] = field(default_factory=list)
+
+    def add(self, route: str, status: int) -> None:
+        self.statuses.setdefault(route, Counter())[str(status)] += 1
+
+    def summary(self) -> dict:
+        return {"examples": {r: sum(c.values()) for r, c in self.statuses.items()},
+                "statuses": {r: dict(sorted(c.items())) for r, c in self.statuses.items()},
+                "status_5xx": sum(n for c in self.statuses.values() for s, n in c.items() if int(s) >= 500),
+                "violations": len(self.violations), "first_violations": self.violations[:10]}
+
+
+def send(client: httpx.Client, url: str, case: Case) -> Tuple[int, List[str]]:
+    """Send ``case``; (status, problems). A transport error (server gone) counts as status 599."""
+    try:
+        r = client.request(case.method, url + case.path, headers=case.headers, content=case.body or None)
+    except httpx.HTTPError as exc:
+        return 599, [f"no reply: {type(exc).__name__}: {exc}"]
+    return r.status_code, check_reply(case, r.status_code, r.content, r.headers.get("content-type", ""))
+
+
+def fuzz_route(target: Target, route: str, examples: int, tally: Tally, *, strict: bool,
+               derandomize: bool = True) -> None:
+    """Run ``examples`` hypothesis examples of ``route`` against the server; record statuses in ``tally``.
+    ``strict``: a violated property fails the example (hypothesis shrinks and raises); else it is recorded."""
+    client = httpx.Client(timeout=120)
+
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=derandomize, print_blob=True,
+              suppress_health_check=list(HealthCheck))
+    @given(STRATEGIES[route](target))
+    def one(case: Case) -> None:
+        status, problems = send(client, target.url, case)
+        tally.add(route, status)
+        if problems:
+            tally.violations.append({"route": route, "status": status, "problems": problems,
+                                     "request": f"{case.method} {case.path} {case.headers} {case.body[:200]!r}"})
+            assert not (strict and problems), (problems, case)
+
+    try:
+        one()
+    finally:
+        client.close()
+
+
+def greedy_probe(url: str) -> List[int]:
+    """The greedy output ids of :data:`PROBE_PROMPT` (the fuzz must not change them)."""
+    r = httpx.post(url + "/generate", json={"text": PROBE_PROMPT, "sampling_params": {
+        "temperature": 0.0, "max_new_tokens": PROBE_TOKENS, "ignore_eos": True}}, timeout=300)
+    r.raise_for_status()
+    return r.json()["output_ids"]
+
+
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=60).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def target_for(url: str, target_dir: Path, drafter_dir: Path) -> Target:
+    """The :class:`Target` of a running server serving ``drafter_dir`` on ``target_dir``."""
+    from safetensors.torch import load_file
+
+    models = httpx.get(url + "/v1/models", timeout=60).json()["data"]
+    return Target(url=url, vocab_size=int(json.loads((target_dir / "config.json").read_text())["vocab_size"]),
+                  drafter_config=json.loads((drafter_dir / "config.json").read_text()),
+                  drafter_tensors=load_file(str(drafter_dir / "model.safetensors")), drafter_dir=str(drafter_dir),
+                  target_dir=str(target_dir), model_name=models[0]["id"])
+
+
+def run_all(target: Target, total: int, *, strict: bool, on_route: Optional[Callable[[dict], None]] = None) -> dict:
+    """Probe, fuzz every route (``total`` examples split by :data:`WEIGHTS`), probe again: the result dict.
+    ``on_route``: called with the partial summary (``routes_done``) after each route (a long run's progress)."""
+    before = greedy_probe(target.url)
+    tally, t0 = Tally(), time.monotonic()
+    for route, n in examples_per_route(total).items():
+        fuzz_route(target, route, n, tally, strict=strict)
+        if on_route is not None:
+            on_route({**tally.summary(), "routes_done": sorted(tally.statuses), "complete": False,
+                      "wall_s": round(time.monotonic() - t0, 1)})
+    after_ok = healthy(target.url)
+    after = greedy_probe(target.url) if after_ok else None
+    return {**tally.summary(), "examples_total": sum(sum(c.values()) for c in tally.statuses.values()),
+            "wall_s": round(time.monotonic() - t0, 1), "healthy_after": after_ok, "probe_tokens": before,
+            "probe_identical": after == before, "complete": True}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--examples", type=int, default=10_000, help="examples over all routes")
+    ap.add_argument("--out", default="benchmarks/results/fuzz_routes_cpu.json")
+    args = ap.parse_args(argv)
+    tests = Path(__file__).resolve().parents[1] / "tests"
+    sys.path.insert(0, str(tests))
+    import tempfile
+
+    from _tiny_target import make_tiny_target
+    from conftest import running_server, tiny_launch_spec
+
+    from sglang_specopd.app.launch import free_port
+    from sglang_specopd.app.results import write_result
+    from sglang_specopd.wire.drafter_init import init_drafter
+
+    with tempfile.TemporaryDirectory() as tmp:
+        target_dir = make_tiny_target(Path(tmp) / "llama", seed=0)
+        drafter_dir = Path(tmp) / "drafter"
+        init_drafter(target_dir, drafter_dir, block_size=4, num_layers=2, seed=0)
+        spec = fuzz_launch_spec(tiny_launch_spec(target_dir, free_port(), drafter_dir))
+        command = " ".join(["python", "benchmarks/fuzz_routes.py", *(argv or sys.argv[1:])])
+
+        def save(partial: dict) -> None:
+            write_result(args.out, {**partial, "examples_requested": args.examples}, command=command)
+
+        with running_server(spec, Path(tmp), "fuzz-routes") as srv:
+            result = run_all(target_for(srv.url, target_dir, drafter_dir), args.examples, strict=False, on_route=save)
+    save(result)
+    result["examples_requested"] = args.examples
+    print(json.dumps({k: v for k, v in result.items() if k != "first_violations"}, indent=1))
+    return 0 if result["status_5xx"] == 0 and result["probe_identical"] and not result["violations"] else 1
+
+
+def fuzz_launch_spec(spec):
+    """``spec`` with the admin key and a score_trees prefix cache (so clear/stats have something to act on)."""
+    import dataclasses
+
+    return dataclasses.replace(spec, admin_api_key=ADMIN_KEY, prefix_cache_mb=16)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,68 @@
+"""Property-based fuzz of the plugin's routes on ONE tiny SPECOPD server (strategies: ``benchmarks/fuzz_routes.py``).
+
+score_trees (JSON and binary), drafter swap (with and without the admin key), prefix-cache stats/clear and
+generation with random ``custom_params`` trace values: every reply is < 500 and well-formed, unauthorised admin
+calls are 401, and afterwards the server is healthy and a fixed greedy probe returns the same tokens as before.
+Examples over all routes: ``SPECOPD_FUZZ_EXAMPLES`` (default 150, derandomized, no deadline); the recorded
+10,000-example run is ``benchmarks/results/fuzz_routes_cpu.json``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Iterator, Tuple
+
+import pytest
+
+from conftest import RunningServer, running_server, tiny_launch_spec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import fuzz_routes as fuzz  # noqa: E402  (a script module: its dataclasses need it in sys.modules)
+
+
+@pytest.fixture(scope="module")
+def fuzz_target(tiny_serving_target: Path, tiny_drafter: Path,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tuple[RunningServer, object]]:
+    """The tiny SPECOPD server (admin key, prefix cache) and the fuzz strategies' view of it."""
+    from sglang_specopd.app.launch import free_port
+
+    spec = fuzz.fuzz_launch_spec(tiny_launch_spec(tiny_serving_target, free_port(), tiny_drafter))
+    with running_server(spec, tmp_path_factory.mktemp("logs"), "fuzz-routes") as srv:
+        yield srv, fuzz.target_for(srv.url, tiny_serving_target, tiny_drafter)
+
+
+def test_examples_split_over_every_route() -> None:
+    split = fuzz.examples_per_route(10_000)
+    assert set(split) == set(fuzz.STRATEGIES) and sum(split.values()) == 10_000
+    assert all(n >= 1 for n in fuzz.examples_per_route(1).values())
+
+
+def test_check_reply_flags_what_the_property_forbids() -> None:
+    case = fuzz.Case("POST", "/specopd/drafter/swap", {}, b"", {"route": "swap"})
+    assert fuzz.check_reply(case, 400, b'{"error": {"code": 400, "message": "refused: x"}}', "application/json") == []
+    assert fuzz.check_reply(case, 500, b'{"error": {"code": 500, "message": "TypeError"}}', "application/json")
+    assert fuzz.check_reply(case, 400, b'{"error": {"code": 400, "message": ""}}', "application/json")
+    assert fuzz.check_reply(case, 400, b"<html>", "text/html")
+    unauthorised = fuzz.Case("POST", "/specopd/drafter/swap", {}, b"", {"route": "swap", "unauthorised": True})
+    assert fuzz.check_reply(unauthorised, 401, b'{"error": "Unauthorized"}', "application/json") == []
+    assert fuzz.check_reply(unauthorised, 400, b'{"error": {"message": "x"}}', "application/json")
+    openai = b'{"object": "error", "message": "1 validation error"}'
+    assert fuzz.check_reply(case, 400, openai, "application/json") == []
+
+
+@pytest.mark.server
+def test_fuzz_every_route(fuzz_target) -> None:
+    srv, target = fuzz_target
+    total = int(os.environ.get(fuzz.EXAMPLES_ENV, fuzz.DEFAULT_EXAMPLES))
+    result = fuzz.run_all(target, total, strict=True)
+    assert result["status_5xx"] == 0 and result["violations"] == 0, result["first_violations"]
+    assert result["healthy_after"] and result["probe_identical"], result
+    statuses = result["statuses"]
+    assert set(statuses) == set(fuzz.STRATEGIES)
+    assert set(statuses["swap_no_key"]) == {"401"}, "no admin key: refused by SGLang's auth, whatever the body"
+    assert "400" in statuses["swap"] and "400" in statuses["score_trees_json"], statuses
+    assert "200" in statuses["score_trees_json"] and "200" in statuses["score_trees_binary"], statuses
+    assert "200" in statuses["generate"], statuses
+    assert {"200", "401"} <= set(statuses["prefix_cache"]), statuses
