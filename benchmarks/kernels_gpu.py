@@ -9,7 +9,10 @@ installed, so only torch and Triton are needed). Per case it checks
 values and gradients against the plain-torch reference and times both (CUDA events, median of ``--repeats``):
   - ``fused_acceptance_alpha`` vs ``acceptance_alpha`` on [rows, V] logits, V in {49152, 151936}, fp32 / bf16;
   - proposal-tree alpha (SpecOPD's loss path): row-chunked torch and Triton vs ``tree_alpha_reference``;
-  - ``tree_attention_grouped`` vs ``tree_attention_reference`` (dense [T, T] mask) on SpecOPD-shaped trees;
+  - tree attention on SpecOPD-shaped trees (full rows and cached-prefix node rows): ``tree_attention_grouped``
+    (torch) and the Triton kernel ``tree_attention_triton`` (UNVERIFIED until this runs on a GPU) vs
+    ``tree_attention_reference`` (dense [T, T] mask, fp32 math; the grouped path where that does not fit),
+    timed against each other and against a dense-mask SDPA;
   - the SpecOPD tree losses E2E-KL and E2E-KL with accepted-prefix weights (``tree_loss``, rows streamed in
     chunks) vs the registry loss on the expanded ``[N, G, V]`` branches;
   - the served draft sampler ``sampled_drafts.sample_block``: empirical token frequencies vs q, greedy rows.
@@ -210,37 +213,77 @@ def draft_sampler_cases(device: str, small: bool) -> dict:
             "greedy_rows_one_hot_q": bool((q[:10].max(-1).values == 1).all())}
 
 
-def attention_cases(device: str, small: bool, repeats: int) -> list:
+def _tree_row(p: int, anchors: list, k: int, depth: int):
+    """Layout, dense mask, node anchors / parents of ``len(anchors)`` trees of k chains of ``depth`` nodes."""
     import torch
 
-    from specopd_kernels.tree import build_tree_layout, build_tree_mask, tree_attention_grouped
-    from specopd_kernels.tree.attention import tree_attention_reference
+    from specopd_kernels.tree import build_tree_layout, build_tree_mask
 
-    # (prefix P, anchors A, branches K, scored depth D, q heads, kv heads, head dim)
-    shapes = [(24, 3, 2, 3, 4, 2, 16)] if small else [(512, 32, 8, 6, 32, 8, 128), (2048, 64, 8, 14, 32, 8, 128)]
+    parents = [[-1 if m == 0 else b * depth + m - 1 for b in range(k) for m in range(depth)] for _ in anchors]
+    offsets = [sum(len(x) for x in parents[:j]) for j in range(len(anchors))]
+    node_anchor = torch.tensor([x for x, ps in zip(anchors, parents) for _ in ps])
+    node_parent = torch.tensor([-1 if q == -1 else q + offsets[j] for j, ps in enumerate(parents) for q in ps])
+    return build_tree_layout(p, anchors, parents), lambda: build_tree_mask(p, node_anchor, node_parent)
+
+
+def attention_cases(device: str, small: bool, repeats: int) -> list:
+    """Tree attention on SpecOPD-shaped rows: the grouped torch path, the Triton kernel (interpreter on CPU) and a
+    dense-mask SDPA, against the dense fp32-math reference (``tree_attention_reference``) where it fits, else
+    against the grouped path. ``cached``: node rows only, against the prefix K/V (the score_trees prefix-cache hit
+    path). Triton values are checked and timed only where it can run (CUDA, or CPU under TRITON_INTERPRET=1)."""
+    import torch
+
+    from specopd_kernels.tree import tree_attention_grouped, tree_attention_triton
+    from specopd_kernels.tree.attention import tree_attention_reference
+    from specopd_kernels.tree.triton_attention import triton_runs_on
+
+    # (prefix P, anchors A, branches K, scored depth D, q heads, kv heads, head dim, dtype, cached, dense reference)
+    f32, bf16 = torch.float32, torch.bfloat16
+    shapes = [(24, 3, 2, 3, 4, 2, 16, f32, False, True)] if small else [
+        (512, 32, 8, 6, 32, 8, 128, bf16, False, True), (2048, 64, 8, 14, 32, 8, 128, bf16, False, True),
+        (512, 32, 8, 6, 32, 8, 128, f32, False, True), (256, 8, 4, 7, 9, 3, 64, bf16, False, True),
+        (2000, 200, 1, 1, 9, 3, 64, bf16, True, True), (8192, 32, 16, 15, 32, 8, 128, bf16, True, False),
+        (2048, 32, 16, 15, 16, 2, 64, bf16, False, False)]
     out = []
-    for p, a, k, depth, hq, hkv, hd in shapes:
+    for p, a, k, depth, hq, hkv, hd, dtype, cached, dense in shapes:
         rng = random.Random(p)
-        anchors = [rng.randrange(p // 4, p) for _ in range(a)]
-        parents = [[-1 if m == 0 else b * depth + m - 1 for b in range(k) for m in range(depth)] for _ in anchors]
-        layout = build_tree_layout(p, anchors, parents)
-        offsets = [sum(len(x) for x in parents[:j]) for j in range(a)]
-        node_anchor = torch.tensor([x for x, ps in zip(anchors, parents) for _ in ps])
-        node_parent = torch.tensor([-1 if q == -1 else q + offsets[j] for j, ps in enumerate(parents) for q in ps])
-        mask = build_tree_mask(p, node_anchor, node_parent).to(device)
+        anchors = sorted(rng.randrange(p // 4, p) for _ in range(a))
+        layout, mask_fn = _tree_row(p, anchors, k, depth)
         layout = layout.to(device)
-        t = p + node_anchor.numel()
-        dtype = torch.float32 if small else torch.bfloat16
+        t = p + layout.num_nodes
         gen = torch.Generator(device="cpu").manual_seed(t)
         q, kk, v = (torch.randn(t, h, hd, generator=gen).to(device, dtype) for h in (hq, hkv, hkv))
-        got = tree_attention_grouped(q, kk, v, layout)
-        ref = tree_attention_reference(q, kk, v, mask)
-        out.append({"prefix": p, "anchors": a, "branches": k, "depth": depth, "tokens": t, "dtype": str(dtype),
-                    "max_abs_diff": float((got.float() - ref.float()).abs().max()),
-                    "grouped_s": _timed(lambda: tree_attention_grouped(q, kk, v, layout), device, repeats),
-                    "reference_dense_s": _timed(lambda: tree_attention_reference(q, kk, v, mask), device, repeats)})
-        out[-1]["speedup"] = out[-1]["reference_dense_s"] / out[-1]["grouped_s"]
-        print(out[-1], file=sys.stderr)
+        rows = slice(p, None) if cached else slice(None)
+        args = (q[rows], kk[rows], v[rows], layout)
+        kw = {"prefix_kv": (kk[:p], v[:p])} if cached else {}
+        mask = mask_fn().to(device) if dense else None
+        with torch.no_grad():
+            grouped = tree_attention_grouped(*args, **kw)
+            ref = tree_attention_reference(q, kk, v, mask)[rows] if dense else grouped
+            row = {"prefix": p, "anchors": a, "branches": k, "depth": depth, "tokens": t, "heads": [hq, hkv, hd],
+                   "dtype": str(dtype), "cached": cached, "reference": "dense" if dense else "grouped",
+                   "max_abs_diff": float((grouped.float() - ref.float()).abs().max()),
+                   "grouped_s": _timed(lambda: tree_attention_grouped(*args, **kw), device, repeats)}
+            if dense:
+                row["reference_dense_s"] = _timed(lambda: tree_attention_reference(q, kk, v, mask), device, repeats)
+                row["speedup"] = row["reference_dense_s"] / row["grouped_s"]
+                qt, kt, vt = (x.transpose(0, 1) for x in (q, kk, v))
+                row["sdpa_dense_mask_s"] = _timed(lambda: torch.nn.functional.scaled_dot_product_attention(
+                    qt, kt, vt, attn_mask=mask, enable_gqa=hq > hkv), device, repeats)
+            del grouped
+            if triton_runs_on(device):
+                got = tree_attention_triton(*args, **kw)
+                row["triton_max_abs_diff"] = float((got.float() - ref.float()).abs().max())
+                row["triton_s"] = _timed(lambda: tree_attention_triton(*args, **kw), device, repeats)
+                row["triton_speedup_vs_grouped"] = row["grouped_s"] / row["triton_s"]
+                if dense:
+                    row["triton_speedup_vs_sdpa_dense"] = row["sdpa_dense_mask_s"] / row["triton_s"]
+                del got
+        out.append(row)
+        print(row, file=sys.stderr)
+        del ref, mask, q, kk, v, args, kw
+        if device == "cuda":
+            torch.cuda.empty_cache()
     return out
 
 

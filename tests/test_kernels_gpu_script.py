@@ -30,6 +30,7 @@ def test_kernels_gpu_script_cpu_smoke(tmp_path):
     assert res["git_commit"] == "abc123"
     (att,) = res["tree_attention"]
     assert att["tokens"] == 24 + 3 * 2 * 3 and att["max_abs_diff"] < 1e-5
+    assert att["triton_max_abs_diff"] < 1e-5 and att["sdpa_dense_mask_s"] > 0 and att["triton_s"] > 0, att
     assert [c["loss"] for c in res["tree_losses"]] == ["e2e_fkl", "e2e_fkl_is"]
     for c in res["tree_losses"]:
         assert c["rel_value_diff"] < 1e-5 and c["max_abs_grad_diff"] < 1e-6 < c["max_abs_grad"], c

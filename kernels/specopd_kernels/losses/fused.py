@@ -23,6 +23,7 @@ from typing import Optional
 
 import torch
 
+from ..lazy_triton import interpret, lazy_jit
 from .naive import check_pair, e2e_tv_from_alpha
 
 try:  # pragma: no cover - exercised only where triton is absent
@@ -100,18 +101,10 @@ def triton_available() -> bool:
     return triton is not None
 
 
-def _interpret() -> bool:
-    return bool(triton.knobs.runtime.interpret)
-
-
 def _kernels():
-    if triton is None:
-        raise RuntimeError("specopd_kernels.losses.fused needs triton (pip install triton); use the naive "
-                           "acceptance_alpha / e2e_tv_loss instead")
-    key = _interpret()
-    if key not in _KERNELS:
-        _KERNELS[key] = (triton.jit(_alpha_fwd_kernel), triton.jit(_alpha_bwd_kernel))
-    return _KERNELS[key]
+    return lazy_jit(_KERNELS, (_alpha_fwd_kernel, _alpha_bwd_kernel), triton is not None,
+                    "specopd_kernels.losses.fused needs triton (pip install triton); use the naive "
+                    "acceptance_alpha / e2e_tv_loss instead")
 
 
 def _block_v(v: int) -> int:
@@ -162,7 +155,7 @@ def fused_acceptance_alpha(target_logits: torch.Tensor, draft_logits: torch.Tens
     if target_logits.device != draft_logits.device:
         raise ValueError(f"device mismatch: {target_logits.device} vs {draft_logits.device}")
     _kernels()
-    if draft_logits.device.type == "cpu" and not _interpret():
+    if draft_logits.device.type == "cpu" and not interpret():
         raise RuntimeError("fused kernels got CPU tensors: set TRITON_INTERPRET=1 (tests) or use CUDA tensors")
     v = draft_logits.shape[-1]
     lead = draft_logits.shape[:-1]

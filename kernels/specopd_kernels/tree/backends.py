@@ -1,0 +1,76 @@
+"""Tree-attention backend registry: which implementation runs a packed row's tree attention on a device.
+
+Every backend has the signature of :func:`specopd_kernels.tree.tree_attention_grouped`
+``(q, k, v, layout, scale=None, prefix_kv=None) -> out``:
+  - ``torch``: :func:`tree_attention_grouped`, plain torch, exact, differentiable; any device. The default on CPU.
+  - ``triton``: :func:`specopd_kernels.tree.triton_attention.tree_attention_triton`, one fused flash-attention
+    kernel, forward only. The default on CUDA when triton imports. UNVERIFIED ON A GPU: parity is tested
+    under the Triton interpreter only; run ``benchmarks/kernels_gpu.py`` on a GPU before relying on it, or force
+    ``SPECOPD_TREE_ATTENTION=torch``.
+:func:`get_tree_attention` picks one per device (the env variable ``SPECOPD_TREE_ATTENTION`` = ``torch`` /
+``triton`` overrides the choice); the score_trees forward calls through it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional
+
+import torch
+
+from .grouped import tree_attention_grouped
+from .triton_attention import tree_attention_triton, triton_runs_on
+
+__all__ = ["TreeAttentionBackend", "TREE_ATTENTION_BACKENDS", "get_tree_attention", "tree_attention_backend_name"]
+
+ENV_VAR = "SPECOPD_TREE_ATTENTION"
+
+
+@dataclass(frozen=True)
+class TreeAttentionBackend:
+    """One tree-attention implementation.
+
+    name: registry key. fn: the attention function (signature of :func:`tree_attention_grouped`).
+    runs_on: ``runs_on(device) -> bool``, whether fn can run tensors of that device here.
+    differentiable: whether fn has a backward. verified: whether its values were checked on the hardware it is
+    the default for (False = interpreter-tested only).
+    """
+
+    name: str
+    fn: Callable
+    runs_on: Callable[[torch.device], bool]
+    differentiable: bool
+    verified: bool
+
+
+TREE_ATTENTION_BACKENDS: Dict[str, TreeAttentionBackend] = {
+    "torch": TreeAttentionBackend("torch", tree_attention_grouped, lambda device: True, True, True),
+    "triton": TreeAttentionBackend("triton", tree_attention_triton, triton_runs_on, False, False),
+}
+
+
+def tree_attention_backend_name(device, name: Optional[str] = None) -> str:
+    """The backend :func:`get_tree_attention` picks for ``device``: ``name`` if given, else the env variable
+    ``SPECOPD_TREE_ATTENTION`` if set, else ``triton`` on CUDA when triton imports, else ``torch``.
+    Raises ValueError on an unknown name or a backend that cannot run on ``device``."""
+    dev = torch.device(device)
+    chosen = name or os.environ.get(ENV_VAR) or None
+    if chosen is None:
+        return "triton" if dev.type == "cuda" and TREE_ATTENTION_BACKENDS["triton"].runs_on(dev) else "torch"
+    if chosen not in TREE_ATTENTION_BACKENDS:
+        raise ValueError(f"unknown tree-attention backend {chosen!r} (from {'argument' if name else ENV_VAR}); "
+                         f"known: {', '.join(TREE_ATTENTION_BACKENDS)}")
+    if not TREE_ATTENTION_BACKENDS[chosen].runs_on(dev):
+        raise ValueError(f"tree-attention backend {chosen!r} cannot run on {dev.type} here "
+                         "(triton needs CUDA, or TRITON_INTERPRET=1 on CPU)")
+    return chosen
+
+
+def get_tree_attention(device, name: Optional[str] = None) -> Callable:
+    """The tree-attention function for tensors on ``device`` (see :func:`tree_attention_backend_name`).
+
+    Returns a callable ``(q, k, v, layout, scale=None, prefix_kv=None) -> out`` with the contract of
+    :func:`specopd_kernels.tree.tree_attention_grouped`. The CUDA default (Triton) is forward only and
+    unverified on a GPU. Raises ValueError on an unknown or unusable backend name."""
+    return TREE_ATTENTION_BACKENDS[tree_attention_backend_name(device, name)].fn
