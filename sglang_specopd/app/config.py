@@ -37,6 +37,15 @@ class ServeConfig(BaseModel):
     score_trees_prefix_cache_mb: int = Field(
         default=0, ge=0, description="MiB of reference-prefix K/V that /specopd/score_trees keeps across calls "
                                      "(sglang_specopd.server.prefix_cache; 0 = off)")
+    score_trees_budget_tokens: int = Field(
+        default=0, ge=0, description="rows of /specopd/score_trees forward per scheduler iteration, interleaved with "
+                                     "decode steps (sglang_specopd.server.score_queue; 0 = off: a request runs "
+                                     "whole between two batches)")
+    score_trees_queue_max: int = Field(
+        default=4, ge=0, description="score_trees requests that may wait while one is scored (more: HTTP 429)")
+    score_trees_max_request_mb: int = Field(
+        default=1024, ge=0, description="cap on one score_trees request's estimated peak scheduler memory in MiB "
+                                        "(sglang_specopd.server.score_cost; more: HTTP 413; 0 = no cap)")
     checked_on_gpu: bool = False
     extra_sglang_args: List[str] = Field(default_factory=list)
 

@@ -54,12 +54,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def server_env(device: str, base: Optional[Dict[str, str]] = None, prefix_cache_mb: int = 0) -> Dict[str, str]:
+def server_env(device: str, base: Optional[Dict[str, str]] = None, prefix_cache_mb: int = 0,
+               score=None) -> Dict[str, str]:
     """Environment for the SGLang process, as the plugin asks for it
-    (:func:`sglang_specopd.server.plugin.launch_environment`)."""
+    (:func:`sglang_specopd.server.plugin.launch_environment`; ``score``: a
+    :class:`sglang_specopd.server.score_cost.ScoreSettings`, None for the defaults)."""
     from sglang_specopd.server.plugin import launch_environment
 
-    return launch_environment(device, base, prefix_cache_mb)
+    return launch_environment(device, base, prefix_cache_mb, score)
 
 
 @dataclass
@@ -84,7 +86,16 @@ class LaunchSpec:
     api_key: Optional[str] = None
     admin_api_key: Optional[str] = None
     prefix_cache_mb: int = 0
+    score_budget_tokens: int = 0  # score_trees_* server-config keys (sglang_specopd.server.score_cost.ScoreSettings)
+    score_queue_max: int = 4
+    score_max_request_mb: int = 1024
     extra_args: List[str] = field(default_factory=list)
+
+    def score_settings(self):
+        """The score_trees budget, queue and cost cap as :class:`sglang_specopd.server.score_cost.ScoreSettings`."""
+        from sglang_specopd.server.score_cost import ScoreSettings
+
+        return ScoreSettings(self.score_budget_tokens, self.score_queue_max, self.score_max_request_mb)
 
     def argv(self) -> List[str]:
         """The ``python -m sglang.launch_server ...`` command line."""
@@ -171,7 +182,7 @@ class SGLangServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         t0 = time.monotonic()
-        env = server_env(self.spec.device, prefix_cache_mb=self.spec.prefix_cache_mb)
+        env = server_env(self.spec.device, prefix_cache_mb=self.spec.prefix_cache_mb, score=self.spec.score_settings())
         self.tmpdir = make_private_tmpdir(env)
         try:
             self.proc = subprocess.Popen(self.spec.argv(), env=env, stdout=log,

@@ -82,7 +82,8 @@ def launch_spec(cfg: ServeConfig, *, host: str = "127.0.0.1", port: int = 30000,
         mem_fraction_static=cfg.mem_fraction_static, max_running_requests=cfg.max_running_requests,
         disable_cuda_graph=cfg.disable_cuda_graph, disable_overlap_schedule=cfg.disable_overlap_schedule,
         sleep_on_idle=cfg.sleep_on_idle, api_key=api_key, admin_api_key=admin_api_key,
-        prefix_cache_mb=cfg.score_trees_prefix_cache_mb,
+        prefix_cache_mb=cfg.score_trees_prefix_cache_mb, score_budget_tokens=cfg.score_trees_budget_tokens,
+        score_queue_max=cfg.score_trees_queue_max, score_max_request_mb=cfg.score_trees_max_request_mb,
         extra_args=list(cfg.extra_sglang_args) + list(extra_args),
     )
 

@@ -4,7 +4,15 @@ One request type (:class:`SpecOPDControlReq`, an ``op`` name + opaque bytes) and
 SGLang's own zmq IPC (msgspec structs registered with ``hook_custom_types`` in every process). The HTTP side uses
 a ``FanOutCommunicator`` created by SGLang's tokenizer manager from ``_COMMUNICATOR_SPECS`` (queueing: one op
 in flight at a time); the scheduler runs the op between batches in its event loop, so an op never races a
-forward. Ops: ``score_trees`` (:mod:`sglang_specopd.server.scoring`), ``drafter_info``.
+forward. Ops: ``drafter_info``, ``swap_drafter`` (:mod:`sglang_specopd.server.hot_swap`), ``prefix_cache`` and
+``score_dims`` (:mod:`sglang_specopd.server.scoring`).
+
+Tree scoring has its own request / reply pair (:class:`SpecOPDScoreReq` / :class:`SpecOPDScoreOutput`)
+and its own communicator (``specopd_score``): the scheduler answers it only when the request's last piece has run
+(:mod:`sglang_specopd.server.score_queue`), possibly many iterations later. Replies are matched by type: a score
+reply can only complete the score communicator's one in-flight call, so a long scoring request never holds up
+the other ops, and the HTTP side shields that call from cancellation (a client that hangs up does not free the
+slot before its reply arrives, so a late reply can never complete the next caller's call).
 """
 
 from __future__ import annotations
@@ -31,6 +39,19 @@ class SpecOPDControlOutput(BaseReq, kw_only=True):
     status: int = 200
     message: str = ""
     payload: bytes = b""
+
+
+class SpecOPDScoreReq(BaseReq, kw_only=True):
+    payload: bytes = b""  # a ScoreTreesRequest as JSON
+
+
+class SpecOPDScoreOutput(BaseReq, kw_only=True):
+    status: int = 200
+    message: str = ""
+    payload: bytes = b""
+
+
+SCORE_COMMUNICATOR_NAME = "specopd_score"
 
 
 _OPS: Dict[str, Callable] = {}
@@ -69,19 +90,32 @@ def add_scheduler_dispatch(result, self, *args, **kwargs):
     return result
 
 
-async def call(op_name: str, payload: bytes = b"") -> SpecOPDControlOutput:
-    """HTTP side: send one op to the scheduler and await its reply."""
+def _communicator(name: str):
     tm = compat.get("get_global_state")().tokenizer_manager
     tm.auto_create_handle_loop()
-    comm = getattr(tm, f"{COMMUNICATOR_NAME}_communicator")
-    results = await comm(SpecOPDControlReq(op=op_name, payload=payload))
+    return getattr(tm, f"{name}_communicator")
+
+
+async def call(op_name: str, payload: bytes = b"") -> SpecOPDControlOutput:
+    """HTTP side: send one op to the scheduler and await its reply."""
+    results = await _communicator(COMMUNICATOR_NAME)(SpecOPDControlReq(op=op_name, payload=payload))
+    return results[0]
+
+
+async def call_score(payload: bytes) -> SpecOPDScoreOutput:
+    """HTTP side: send one score_trees request (JSON bytes) to the scheduler's score queue and await its reply.
+    The call is shielded: cancelling the caller does not cancel it (see the module docstring)."""
+    import asyncio
+
+    results = await asyncio.shield(_communicator(SCORE_COMMUNICATOR_NAME)(SpecOPDScoreReq(payload=payload)))
     return results[0]
 
 
 def register_control() -> None:
     """Register the IPC types (every process), the communicator spec and the scheduler dispatch hook."""
-    compat.get("hook_custom_types")(SpecOPDControlReq, SpecOPDControlOutput)
+    compat.get("hook_custom_types")(SpecOPDControlReq, SpecOPDControlOutput, SpecOPDScoreReq, SpecOPDScoreOutput)
     specs = compat.get("_COMMUNICATOR_SPECS")  # mutated in place: SGLang builds one communicator per entry
-    if not any(s[0] == COMMUNICATOR_NAME for s in specs):
-        specs.append((COMMUNICATOR_NAME, SpecOPDControlOutput))
+    for name, output_type in ((COMMUNICATOR_NAME, SpecOPDControlOutput), (SCORE_COMMUNICATOR_NAME, SpecOPDScoreOutput)):
+        if not any(s[0] == name for s in specs):
+            specs.append((name, output_type))
     compat.hook("Scheduler.init_request_dispatcher", add_scheduler_dispatch)

@@ -47,8 +47,11 @@ def register() -> None:
     from sglang_specopd.server.routes import register_routes
     from sglang_specopd.server.scoring import register_scoring
 
+    from sglang_specopd.server.score_queue import register_score_queue
+
     register_control()
     register_scoring()
+    register_score_queue()
     register_routes()
     from sglang_specopd.server.streamer import get_output_streamer_class
 
@@ -56,14 +59,18 @@ def register() -> None:
     logger.info("sglang-specopd plugin registered")
 
 
-def launch_environment(device: str, base: Optional[Dict[str, str]] = None, prefix_cache_mb: int = 0) -> Dict[str, str]:
-    """Environment for the SGLang process: the score_trees prefix cache's size (``SPECOPD_PREFIX_CACHE_MB``) and,
-    on CPU, the CPU engine and the ``sgl_kernel`` stand-in."""
+def launch_environment(device: str, base: Optional[Dict[str, str]] = None, prefix_cache_mb: int = 0,
+                       score=None) -> Dict[str, str]:
+    """Environment for the SGLang process: the score_trees prefix cache's size (``SPECOPD_PREFIX_CACHE_MB``), the
+    score_trees budget / queue / cost cap (``score``: a :class:`sglang_specopd.server.score_cost.ScoreSettings`,
+    ``SPECOPD_SCORE_*``; None: the defaults) and, on CPU, the CPU engine and the ``sgl_kernel`` stand-in."""
     from sglang_specopd.server.prefix_cache import ENV_VAR
+    from sglang_specopd.server.score_cost import ScoreSettings
 
     env = dict(os.environ if base is None else base)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env[ENV_VAR] = str(int(prefix_cache_mb))
+    env.update((score or ScoreSettings()).env())
     if device == "cpu":
         from sglang_specopd.server.cpu import STANDIN_DIR
 

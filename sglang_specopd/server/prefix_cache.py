@@ -131,8 +131,19 @@ def scheduler_cache() -> PrefixCache:
     return _CACHE
 
 
+_WEIGHT_UPDATES = 0
+
+
+def weight_updates() -> int:
+    """How many target weight updates this process has seen (the budgeted score queue restarts a request that
+    was mid-way through when this changes)."""
+    return _WEIGHT_UPDATES
+
+
 def _clear_before_weight_update(*args, **kwargs):
     """BEFORE hook on SGLang's target weight updates: the cached prefixes were computed by the old weights."""
+    global _WEIGHT_UPDATES
+    _WEIGHT_UPDATES += 1
     if _CACHE is not None:
         _CACHE.clear()
     return None

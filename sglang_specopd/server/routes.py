@@ -8,19 +8,18 @@ checked by SGLang's own auth middleware) and ``GET /specopd/drafter`` (version a
 ``POST /specopd/score_trees`` (normal auth: SGLang's ``--api-key`` when set): a JSON :class:`ScoreTreesRequest`;
 the reply is ``application/octet-stream`` safetensors bytes (tensors per reference ``ref{i}.*``, JSON header in
 the metadata, decode with :func:`sglang_specopd.wire.protocol.decode_tensors`). Bad input gets HTTP 400/413/422 with a
-reason and the server keeps serving. Payload limit: ``SPECOPD_MAX_PAYLOAD_BYTES`` (default 64 MiB).
+reason and the server keeps serving. Payload limit: ``SPECOPD_MAX_PAYLOAD_BYTES`` (default 64 MiB). A full
+score queue answers 429 with ``Retry-After``; a request over the cost limits 413 with its numbers
+(:mod:`sglang_specopd.server.score_admission`).
 """
 
 from __future__ import annotations
 
-import os
-
 from fastapi import Request
 
 from sglang_specopd.server import compat
+from sglang_specopd.server.http_errors import error_response, max_payload_bytes
 from sglang_specopd.wire.protocol import (
-    BINARY_CONTENT_TYPE,
-    DEFAULT_MAX_PAYLOAD_BYTES,
     DRAFTER_INFO_PATH,
     PREFIX_CACHE_PATH,
     SCORE_TREES_PATH,
@@ -28,53 +27,20 @@ from sglang_specopd.wire.protocol import (
 )
 
 
-def max_payload_bytes() -> int:
-    return int(os.environ.get("SPECOPD_MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES))
-
-
-def _error(status: int, message: str):
-    from fastapi.responses import JSONResponse
-
-    return JSONResponse({"error": {"code": status, "message": message}}, status_code=status)
-
-
 async def score_trees(request: Request):
-    from pydantic import ValidationError
+    """Tree scoring (:mod:`sglang_specopd.server.score_admission`: 413 / 429 / 400 checks, then the scheduler)."""
+    from sglang_specopd.server.score_admission import score_trees_route
 
-    from sglang_specopd.server import control
-    from sglang_specopd.wire.protocol import ScoreTreesError, ScoreTreesRequest, request_from_binary
-    from fastapi.responses import Response
-
-    body = await request.body()
-    if len(body) > max_payload_bytes():
-        return _error(413, f"payload of {len(body)} bytes exceeds the limit of {max_payload_bytes()} bytes")
-    try:
-        if request.headers.get("content-type", "").startswith(BINARY_CONTENT_TYPE):
-            req = request_from_binary(body)
-        else:
-            req = ScoreTreesRequest.model_validate_json(body)
-    except ScoreTreesError as exc:
-        return _error(400, str(exc))
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        return _error(400, f"invalid score_trees request: {loc}: {first['msg']}" + (
-            f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""))
-    except ValueError as exc:  # malformed binary payload
-        return _error(400, str(exc))
-    reply = await control.call("score_trees", req.model_dump_json().encode())
-    if reply.status != 200:
-        return _error(reply.status, reply.message)
-    return Response(content=reply.payload, media_type=BINARY_CONTENT_TYPE)
+    return await score_trees_route(request)
 
 
 async def swap_drafter(request: Request):
     """Admin: swap the serving drafter's weights (see :mod:`sglang_specopd.server.hot_swap`); 200 JSON or 4xx reason."""
     body = await request.body()
     if len(body) > max_payload_bytes():
-        return _error(413, f"payload of {len(body)} bytes exceeds the limit of {max_payload_bytes()} bytes")
+        return error_response(413, f"payload of {len(body)} bytes exceeds the limit of {max_payload_bytes()} bytes")
     if not body:
-        return _error(400, "empty body: send drafter safetensors bytes or JSON {\"path\": DIR}")
+        return error_response(400, "empty body: send drafter safetensors bytes or JSON {\"path\": DIR}")
     return await _json_op("swap_drafter", body)
 
 
@@ -88,7 +54,7 @@ async def _json_op(op_name: str, payload: bytes = b""):
 
     reply = await control.call(op_name, payload)
     if reply.status != 200:
-        return _error(reply.status, reply.message)
+        return error_response(reply.status, reply.message)
     return JSONResponse(json.loads(reply.payload))
 
 

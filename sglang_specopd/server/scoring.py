@@ -13,6 +13,9 @@ ancestors, so the cost is O(P^2 + N P + sum n_tree^2) instead of the dense O((P 
 With a prefix cache (:mod:`sglang_specopd.server.prefix_cache`, off unless sized) a reference scored before runs only
 its tree nodes through the layers, against the recorded prefix K/V.
 
+With a piece budget (``score_trees_budget_tokens``) a reference larger than the budget runs in pieces instead
+(:mod:`sglang_specopd.server.score_chunks`, queued by :mod:`sglang_specopd.server.score_queue`).
+
 The FlashInfer packed custom mask (``specopd_kernels.tree.flashinfer_custom_mask``) is the planned GPU fast path
 (not yet wired: FlashInfer is not available on the CPU machines).
 """
@@ -27,7 +30,7 @@ import torch
 from sglang_specopd.server import compat
 from sglang_specopd.server.control import op
 from sglang_specopd.server.prefix_cache import PrefixEntry, prefix_key, register_prefix_cache, scheduler_cache
-from sglang_specopd.wire.protocol import ScoreTreesError, ScoreTreesRequest, encode_tensors, validate_request
+from sglang_specopd.wire.protocol import ScoreTreesError, ScoreTreesRequest, validate_request
 
 _TREE_LAYOUT: contextvars.ContextVar = contextvars.ContextVar("specopd_tree_layout", default=None)
 
@@ -49,10 +52,26 @@ class _TreeForwardBatch:
 
 class _TreeCall:
     """What one tree forward's attention layers need: the row's layout, and optionally a cached reference prefix
-    to attend to (``prefix``: the row holds the tree nodes only) or an entry to record the prefix K/V into."""
+    to attend to (``prefix``: the row holds the tree nodes only), an entry to record the prefix K/V into, or
+    ``grow = (entry, start)``: the row is prefix rows ``start..`` of ``entry`` (a prefix chunk), whose K/V are
+    written into the entry's full-length buffers and which attend to the entry's rows before ``start``."""
 
-    def __init__(self, layout, prefix=None, record=None):
-        self.layout, self.prefix, self.record = layout, prefix, record
+    def __init__(self, layout, prefix=None, record=None, grow=None):
+        self.layout, self.prefix, self.record, self.grow = layout, prefix, record, grow
+
+
+def _grow_prefix(grow, layer_id: int, k: torch.Tensor, v: torch.Tensor):
+    """Write a prefix chunk's k, v ``[T, Hkv, D]`` at rows ``start..start+T`` of the entry's per-layer buffers
+    (allocated ``[entry.length, Hkv, D]`` on the first chunk); return the K/V of the rows before ``start`` (the
+    chunk's ``prefix_kv``), or None for the first chunk (which attends causally to itself only)."""
+    entry, start = grow
+    bufs = entry.kv.get(layer_id)
+    if bufs is None:
+        bufs = (k.new_empty((entry.length,) + tuple(k.shape[1:])), v.new_empty((entry.length,) + tuple(v.shape[1:])))
+        entry.kv[layer_id] = bufs
+    bufs[0][start: start + k.shape[0]].copy_(k)
+    bufs[1][start: start + v.shape[0]].copy_(v)
+    return None if start == 0 else (bufs[0][:start], bufs[1][:start])
 
 
 def tree_attention_override(original_fn, self, q, k, v, forward_batch, *args, **kwargs):
@@ -64,26 +83,29 @@ def tree_attention_override(original_fn, self, q, k, v, forward_batch, *args, **
     call = _TREE_LAYOUT.get()
     if call is None or not isinstance(forward_batch, _TreeForwardBatch):
         return original_fn(self, q, k, v, forward_batch, *args, **kwargs)
-    from specopd_kernels.tree import tree_attention_grouped
+    from specopd_kernels.tree import get_tree_attention
 
     T = q.shape[0]
     q = q.view(T, self.tp_q_head_num, self.qk_head_dim)
     k = k.view(T, self.tp_k_head_num, self.qk_head_dim).to(q.dtype)
     v = v.view(T, self.tp_v_head_num, self.v_head_dim).to(q.dtype)
     prefix_kv = None if call.prefix is None else call.prefix.kv[self.layer_id]
+    if call.grow is not None:
+        prefix_kv = _grow_prefix(call.grow, self.layer_id, k, v)
     if call.record is not None:  # keys after RoPE and values, exactly as this layer attends to them
         p = call.layout.prefix_len
         call.record.kv[self.layer_id] = (k[:p].clone(), v[:p].clone())
-    out = tree_attention_grouped(q, k, v, call.layout, scale=self.scaling, prefix_kv=prefix_kv)
+    out = get_tree_attention(q.device)(q, k, v, call.layout, scale=self.scaling, prefix_kv=prefix_kv)
     return out.reshape(T, self.tp_q_head_num * self.v_head_dim)
 
 
-def _target_model(scheduler):
+def target_model(scheduler):
+    """The served target model (SGLang's causal LM module) of a scheduler."""
     return scheduler.tp_worker.model_runner.model
 
 
 def tree_forward(model, input_ids, positions, layout, capture_layer_ids=(), *, prefix=None,
-                 record=None) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+                 record=None, grow=None) -> Tuple[torch.Tensor, List[torch.Tensor]]:
     """Run the served target on one packed row.
 
     Args:
@@ -94,6 +116,9 @@ def tree_forward(model, input_ids, positions, layout, capture_layer_ids=(), *, p
         prefix: a :class:`sglang_specopd.server.prefix_cache.PrefixEntry` of this row's prefix: then input_ids /
             positions are the N tree nodes only, which attend to the entry's K/V (no capture).
         record: an empty ``PrefixEntry`` that receives every layer's prefix K/V during this (full) forward.
+        grow: ``(entry, start)``: the row is the prefix chunk ``start..start+T`` of ``entry`` (``layout``: prefix
+            only when ``start`` is 0, else one chain tree at anchor ``start - 1``); its K/V are written into the
+            entry and it attends to the entry's K/V of rows ``< start`` (features are captured as usual).
     Returns:
         (final normed hidden [T, H], list of features [T, H] per capture id, in order).
     """
@@ -101,7 +126,7 @@ def tree_forward(model, input_ids, positions, layout, capture_layer_ids=(), *, p
     saved = list(inner.layers_to_capture)
     inner.layers_to_capture = [i + 1 for i in capture_layer_ids]
     fb = _TreeForwardBatch(int(input_ids.shape[0]), input_ids.device)
-    token = _TREE_LAYOUT.set(_TreeCall(layout, prefix, record))
+    token = _TREE_LAYOUT.set(_TreeCall(layout, prefix, record, grow))
     try:
         with torch.inference_mode():
             out = inner(input_ids, positions, fb)
@@ -114,7 +139,8 @@ def tree_forward(model, input_ids, positions, layout, capture_layer_ids=(), *, p
     return out, []
 
 
-def _lm_head_weight(model) -> torch.Tensor:
+def lm_head_weight(model) -> torch.Tensor:
+    """The target's LM head weight [V, H] (the tied embedding when there is no separate head)."""
     head = getattr(model, "lm_head", None)
     w = getattr(head, "weight", None)
     if w is None:
@@ -133,11 +159,13 @@ def _max_position(ref) -> int:
     return top
 
 
-@op("score_trees")
-def score_trees_op(scheduler, payload: bytes):
-    """Scheduler op: JSON :class:`ScoreTreesRequest` bytes in, safetensors bytes out (see routes for the layout)."""
+def parse_score_request(scheduler, payload: bytes) -> ScoreTreesRequest:
+    """Parse and check one request against the served target (before any forward).
+
+    Raises ScoreTreesError / pydantic ValidationError (both ValueError: HTTP 400) with the reason: bad token ids,
+    anchors, tree shapes or feature layer ids (:func:`validate_request`), or a position past the context length.
+    """
     req = ScoreTreesRequest.model_validate_json(payload)
-    model = _target_model(scheduler)
     cfg = scheduler.tp_worker.model_runner.model_config
     validate_request(req, vocab_size=cfg.vocab_size, num_layers=cfg.num_hidden_layers)
     context_len = getattr(cfg, "context_len", None)
@@ -148,81 +176,106 @@ def score_trees_op(scheduler, payload: bytes):
             # device-side assert on GPU
             raise ScoreTreesError(f"references[{i}]: position {top} is past the model's context length "
                                   f"({context_len} tokens)")
-    device = next(model.parameters()).device
-    out_dtype = torch.float32 if req.output_dtype == "float32" else torch.bfloat16
-    head = _lm_head_weight(model)
-    cache = scheduler_cache()
-    tensors: Dict[str, torch.Tensor] = {}
-    header = {"references": []}
-    for i, ref in enumerate(req.references):
-        h, feats, node_anchor, num_nodes, cached = _score_reference(model, ref, req, device, cache)
-        p = f"ref{i}."
-        if "hidden" in req.returns:
-            tensors[p + "hidden"] = h.to(out_dtype).cpu()
-        if "topk" in req.returns or "logprobs" in req.returns:
-            logits = torch.matmul(h.float(), head.float().t())
-            lse = torch.logsumexp(logits, dim=-1)
-            logprobs = logits - lse[:, None]
-            if "topk" in req.returns:
-                k = min(req.top_k, logits.shape[-1])
-                vals, idx = logprobs.topk(k, dim=-1)
-                tensors[p + "topk_ids"] = idx.cpu()
-                tensors[p + "topk_logprobs"] = vals.to(out_dtype).cpu()
-                tensors[p + "lse"] = lse.cpu()
-            if "logprobs" in req.returns:
-                tensors[p + "logprobs"] = logprobs.to(out_dtype).cpu()
-        if feats:
-            tensors[p + "features"] = torch.cat([f[: len(ref.input_ids)] for f in feats], dim=-1).to(out_dtype).cpu()
-        tensors[p + "node_anchor"] = node_anchor.cpu()
-        header["references"].append({"num_anchors": len(ref.trees), "num_nodes": num_nodes,
-                                     "prefix_len": len(ref.input_ids), "prefix_cache": cached})
-    return 200, "ok", encode_tensors(tensors, header)
+    return req
 
 
-def _score_reference(model, ref, req, device, cache):
+def head_outputs(h: torch.Tensor, head: torch.Tensor, req: ScoreTreesRequest, out_dtype) -> Dict[str, torch.Tensor]:
+    """The returned per-row tensors of hidden rows ``h`` [R, H]: ``hidden``, ``topk_ids`` / ``topk_logprobs`` /
+    ``lse``, ``logprobs`` (as ``req.returns`` asks; keys without the ``ref{i}.`` prefix, CPU tensors). Rows are
+    independent, so blocks of rows concatenated give the outputs of all rows."""
+    out: Dict[str, torch.Tensor] = {}
+    if "hidden" in req.returns:
+        out["hidden"] = h.to(out_dtype).cpu()
+    if "topk" in req.returns or "logprobs" in req.returns:
+        logits = torch.matmul(h.float(), head.float().t())
+        lse = torch.logsumexp(logits, dim=-1)
+        logprobs = logits - lse[:, None]
+        if "topk" in req.returns:
+            k = min(req.top_k, logits.shape[-1])
+            vals, idx = logprobs.topk(k, dim=-1)
+            out["topk_ids"] = idx.cpu()
+            out["topk_logprobs"] = vals.to(out_dtype).cpu()
+            out["lse"] = lse.cpu()
+        if "logprobs" in req.returns:
+            out["logprobs"] = logprobs.to(out_dtype).cpu()
+    return out
+
+
+class ReferencePlan:
+    """One reference's packed row: ``ids`` / ``pos`` int64 [P + N] (prefix, then the nodes of every grown tree in
+    tree order), ``anchors`` (all A trees), ``grown`` (indices of the trees with nodes), their anchors / parents /
+    node counts, ``node_anchor`` int64 [N] (index among the grown trees), P and N."""
+
+    def __init__(self, ref, req):
+        from specopd_kernels.tree import pack_proposal_tree
+
+        self.anchors, node_tokens, node_parents = [], [], []
+        for tree in ref.trees:
+            toks, pars = tree.flat()
+            self.anchors.append(tree.anchor)
+            node_tokens.append(toks)
+            node_parents.append(pars)
+        prefix = torch.tensor(ref.input_ids, dtype=torch.long)
+        self.P = P = len(ref.input_ids)
+        # root-only trees (no nodes) need only their anchor rows of the prefix: they join no tree group
+        self.grown = [j for j, toks in enumerate(node_tokens) if toks]
+        self.t_anchors = [self.anchors[j] for j in self.grown]
+        self.t_parents = [node_parents[j] for j in self.grown]
+        self.t_sizes = [len(node_tokens[j]) for j in self.grown]
+        if self.grown:
+            packed = pack_proposal_tree(prefix, self.t_anchors, [node_tokens[j] for j in self.grown],
+                                        self.t_parents, block_size=req.block_size)
+            self.ids, self.pos, self.node_anchor = packed.input_ids, packed.positions, packed.node_anchor
+        else:
+            self.ids, self.pos = prefix, torch.arange(P)
+            self.node_anchor = torch.empty(0, dtype=torch.long)
+        self.N = self.ids.shape[0] - P
+
+
+def score_reference(model, ref, req, device, cache):
     """One reference's rows: ``(hidden [A + N, H] (anchor rows in tree order, then nodes), features, node_anchor
     [N], N, prefix_cache)`` with ``prefix_cache`` "hit" (the prefix's K/V and hidden states came from ``cache``:
     only the N nodes ran through the target), "miss" (full forward, recorded into the cache) or "off" (caching
     disabled, or features requested: those need the full capture)."""
-    from specopd_kernels.tree import build_tree_layout, pack_proposal_tree
+    from specopd_kernels.tree import build_tree_layout
 
-    anchors, node_tokens, node_parents = [], [], []
-    for tree in ref.trees:
-        toks, pars = tree.flat()
-        anchors.append(tree.anchor)
-        node_tokens.append(toks)
-        node_parents.append(pars)
-    prefix = torch.tensor(ref.input_ids, dtype=torch.long)
-    P = len(ref.input_ids)
-    # root-only trees (no nodes) need only their anchor rows of the prefix: they join no tree group
-    grown = [j for j, toks in enumerate(node_tokens) if toks]
-    t_anchors = [anchors[j] for j in grown]
-    t_parents = [node_parents[j] for j in grown]
-    if grown:
-        packed = pack_proposal_tree(prefix, t_anchors, [node_tokens[j] for j in grown], t_parents,
-                                    block_size=req.block_size)
-        ids, pos = packed.input_ids, packed.positions
-        node_anchor = packed.node_anchor
-    else:
-        ids, pos = prefix, torch.arange(P)
-        node_anchor = torch.empty(0, dtype=torch.long)
-    layout = build_tree_layout(P, t_anchors, t_parents).to(device)
-    anchor_rows = torch.tensor(anchors, dtype=torch.long, device=device)
+    plan = ReferencePlan(ref, req)
+    P, ids, pos, node_anchor = plan.P, plan.ids, plan.pos, plan.node_anchor
+    layout = build_tree_layout(P, plan.t_anchors, plan.t_parents).to(device)
+    anchor_rows = torch.tensor(plan.anchors, dtype=torch.long, device=device)
     use_cache = cache.enabled and not req.feature_layer_ids
     key = prefix_key(ref.input_ids) if use_cache else None
     entry = cache.get(key) if use_cache else None
     if entry is not None:
         nodes = torch.empty(0, entry.hidden.shape[1], dtype=entry.hidden.dtype, device=device)
-        if grown:
+        if plan.grown:
             nodes, _ = tree_forward(model, ids[P:].to(device), pos[P:].to(device), layout, prefix=entry)
-        return torch.cat([entry.hidden.index_select(0, anchor_rows), nodes]), [], node_anchor, ids.shape[0] - P, "hit"
+        return torch.cat([entry.hidden.index_select(0, anchor_rows), nodes]), [], node_anchor, plan.N, "hit"
     record = PrefixEntry(P) if use_cache else None
     hidden, feats = tree_forward(model, ids.to(device), pos.to(device), layout, req.feature_layer_ids, record=record)
     if record is not None:
         record.hidden = hidden[:P].clone()
         cache.put(key, record)
     rows = torch.cat([anchor_rows, torch.arange(P, ids.shape[0], device=device)])
-    return hidden.index_select(0, rows), feats, node_anchor, ids.shape[0] - P, "miss" if use_cache else "off"
+    return hidden.index_select(0, rows), feats, node_anchor, plan.N, "miss" if use_cache else "off"
+
+
+@op("score_dims")
+def score_dims_op(scheduler, payload: bytes):
+    """Scheduler op: the served target's sizes as JSON (the fields of
+    :class:`sglang_specopd.server.score_cost.TargetDims`), for the HTTP side's cost check."""
+    import json
+
+    cfg = scheduler.tp_worker.model_runner.model_config
+    hf = getattr(cfg, "hf_text_config", None) or cfg.hf_config
+    model = target_model(scheduler)
+    heads = int(hf.num_attention_heads)
+    dims = {"num_layers": int(hf.num_hidden_layers), "hidden": int(hf.hidden_size),
+            "intermediate": int(getattr(hf, "intermediate_size", None) or 4 * hf.hidden_size), "q_heads": heads,
+            "kv_heads": int(getattr(hf, "num_key_value_heads", None) or heads),
+            "head_dim": int(getattr(hf, "head_dim", None) or hf.hidden_size // heads), "vocab": int(cfg.vocab_size),
+            "act_bytes": next(model.parameters()).element_size(), "context_len": int(getattr(cfg, "context_len", 0) or 0)}
+    return 200, "ok", json.dumps(dims).encode()
 
 
 @op("prefix_cache")

@@ -13,7 +13,7 @@ branches of draft tokens (each of length <= block_size - 1) or a general tree gi
 from __future__ import annotations
 
 import json
-from typing import Dict, List, Literal, Optional, Tuple
+from typing import Callable, Dict, List, Literal, Optional, Tuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -102,8 +102,10 @@ class ScoreTreesError(ValueError):
     """A score_trees request that is well-formed JSON but invalid for this target (HTTP 400 with the reason)."""
 
 
-def validate_request(req: ScoreTreesRequest, vocab_size: int, num_layers: int) -> None:
+def validate_request(req: ScoreTreesRequest, vocab_size: int, num_layers: int,
+                     tick: Optional[Callable[[], None]] = None) -> None:
     """Check everything the server checks before any forward; raise :class:`ScoreTreesError` with the reason.
+    ``tick`` (optional) is called once per anchor tree (the server's HTTP side yields the GIL there).
 
     Token ids in [0, vocab); anchor < len(input_ids); every branch / tree path of length <= block_size - 1;
     parents in [-1, index) (no cycles or forward references); feature layer ids in [0, num_layers - 1),
@@ -115,6 +117,8 @@ def validate_request(req: ScoreTreesRequest, vocab_size: int, num_layers: int) -
         if bad:
             raise ScoreTreesError(f"references[{i}].input_ids: token id {bad[0]} outside the vocabulary [0, {vocab_size})")
         for j, tree in enumerate(ref.trees):
+            if tick is not None:
+                tick()
             where = f"references[{i}].trees[{j}]"
             if tree.anchor >= P:
                 raise ScoreTreesError(f"{where}: anchor {tree.anchor} is past the reference end (length {P})")

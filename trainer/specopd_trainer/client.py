@@ -1,7 +1,9 @@
 """Typed HTTP client for a live sglang-specopd server (the trainer's only way to reach the target).
 
 Retries connection errors and 5xx/503 with exponential backoff, then raises :class:`ServerUnavailableError`;
-4xx replies raise :class:`ServerRequestError` with the server's reason (never retried).
+429 (the server's score queue is full) is retried after the server's ``Retry-After`` (or the backoff), at most
+``busy_retries`` times, then raises :class:`ServerBusyError`; other 4xx replies raise :class:`ServerRequestError`
+with the server's reason (never retried).
 """
 
 from __future__ import annotations
@@ -37,6 +39,25 @@ class ServerRequestError(ServerError):
         self.reason = reason
 
 
+class ServerBusyError(ServerRequestError):
+    """The server kept answering 429 (its queue was full) after every allowed retry; ``retry_after`` is its
+    last ``Retry-After`` in seconds (None if it sent none)."""
+
+    def __init__(self, reason: str, retry_after: Optional[float]):
+        super().__init__(429, reason)
+        self.retry_after = retry_after
+
+
+def retry_after_seconds(r: httpx.Response) -> Optional[float]:
+    """The ``Retry-After`` header in seconds (the delta-seconds form), or None when absent or not a number."""
+    raw = r.headers.get("retry-after", "").strip()
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if value >= 0 else None
+
+
 @dataclass
 class ScoredReference:
     """Scores for one reference. Rows: anchors first (len A), then nodes (len N) in request order.
@@ -60,14 +81,30 @@ class ScoredReference:
     prefix_cache: str = "off"
 
 
+def _reason(r: httpx.Response) -> str:
+    """The server's reason in an error reply."""
+    try:
+        body = r.json()
+        err = body.get("error") if isinstance(body, dict) else None
+        # ours: {"error": {"message": ...}}; SGLang's auth middleware: {"error": "Unauthorized"}
+        reason = ((err.get("message") if isinstance(err, dict) else err)
+                  or (body.get("message") if isinstance(body, dict) else None) or r.text)
+    except ValueError:
+        reason = r.text
+    return str(reason)
+
+
 class SpecOPDClient:
     """Client for generation, acceptance statistics and tree scoring on one server."""
 
     def __init__(self, url: str, *, api_key: Optional[str] = None, admin_api_key: Optional[str] = None,
-                 timeout: float = 600.0, retries: int = 4, backoff_s: float = 1.0):
+                 timeout: float = 600.0, retries: int = 4, backoff_s: float = 1.0, busy_retries: int = 8,
+                 max_retry_after_s: float = 60.0):
         self.url = url.rstrip("/")
         self.retries = retries
         self.backoff_s = backoff_s
+        self.busy_retries = busy_retries  # 429 retries (separate from the error retries)
+        self.max_retry_after_s = max_retry_after_s  # a longer Retry-After is waited this long
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._admin_key = admin_api_key
         self._http = httpx.Client(timeout=timeout, headers=headers)
@@ -83,27 +120,29 @@ class SpecOPDClient:
 
     def _request(self, method: str, path: str, **kwargs) -> httpx.Response:
         last: Optional[Exception] = None
-        for attempt in range(self.retries + 1):
+        attempt = busy = 0
+        while True:
             try:
                 r = self._http.request(method, self.url + path, **kwargs)
             except httpx.TransportError as exc:
                 last = exc
             else:
+                if r.status_code == 429:
+                    wait = retry_after_seconds(r)
+                    if busy >= self.busy_retries:
+                        raise ServerBusyError(f"{_reason(r)} (still busy after {busy + 1} attempts)", wait)
+                    busy += 1
+                    time.sleep(min(self.max_retry_after_s, wait if wait is not None else self.backoff_s * 2**busy))
+                    continue
                 if r.status_code < 500:
                     if r.status_code >= 400:
-                        try:
-                            body = r.json()
-                            err = body.get("error") if isinstance(body, dict) else None
-                            # ours: {"error": {"message": ...}}; SGLang's auth middleware: {"error": "Unauthorized"}
-                            reason = ((err.get("message") if isinstance(err, dict) else err)
-                                      or (body.get("message") if isinstance(body, dict) else None) or r.text)
-                        except ValueError:
-                            reason = r.text
-                        raise ServerRequestError(r.status_code, str(reason))
+                        raise ServerRequestError(r.status_code, _reason(r))
                     return r
                 last = ServerError(f"HTTP {r.status_code}: {r.text[:300]}")
-            if attempt < self.retries:
-                time.sleep(self.backoff_s * 2**attempt)
+            if attempt >= self.retries:
+                break
+            time.sleep(self.backoff_s * 2**attempt)
+            attempt += 1
         raise ServerUnavailableError(f"{method} {self.url}{path} failed after {self.retries + 1} attempts: {last}")
 
     def generate(self, input_ids: List[int], *, max_new_tokens: int, temperature: float = 0.0,
