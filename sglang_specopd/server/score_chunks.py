@@ -26,7 +26,6 @@ from sglang_specopd.server.scoring import (
     ReferencePlan,
     head_outputs,
     lm_head_weight,
-    parse_score_request,
     score_reference,
     target_model,
     tree_forward,

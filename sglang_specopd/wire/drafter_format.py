@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -302,13 +302,6 @@ def read_drafter_spec(drafter_dir: str | os.PathLike[str]) -> DrafterSpec:
     :func:`sglang_specopd.wire.drafter_archs.load_drafter_spec`). Raises DrafterConfigError (missing/malformed/
     invalid, or not ``DFlashDraftModel``)."""
     return spec_from_config(read_drafter_config(drafter_dir))
-
-
-def spec_to_dict(spec: DrafterSpec) -> dict[str, Any]:
-    """``dataclasses.asdict(spec)`` with target_layer_ids as a list (JSON-friendly)."""
-    out = asdict(spec)
-    out["target_layer_ids"] = list(spec.target_layer_ids)
-    return out
 
 
 def __getattr__(name: str) -> Any:  # PEP 562 lazy re-exports (avoid import cycles)
