@@ -27,6 +27,7 @@ CPU_HOOK_TARGETS = (
     "sglang.srt.arg_groups.speculative_hook._handle_dflash",
     "sglang.srt.models.dflash.DFlashAttention.__init__",
     "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_extend",
+    "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend._run_sdpa_forward_decode",
 )
 
 
@@ -383,6 +384,21 @@ CHECKS = textwrap.dedent(r'''
         out = TorchNativeAttnBackend.forward_extend(backend, q, k, v, layer, fb)
         return out.tolist()
 
+    def decode_outputs():
+        # DECODE through _run_sdpa_forward_decode for 5 requests of different lengths (GQA): SGLang's per-request
+        # loop before the plugin, the batched groups after; the two must agree
+        g = torch.Generator().manual_seed(5)
+        backend, fb, layer, q, k, v = verify_setup()
+        lens = torch.tensor([1, 9, 3, 16, 12])
+        rows = torch.tensor([0, 2, 1, 4, 3])
+        r2t = torch.stack([torch.randperm(64, generator=g)[:16] for _ in range(5)]).to(torch.int32)
+        query = torch.randn(5, HQ, D, generator=g)
+        out = torch.zeros(5, HQ, D)
+        backend._run_sdpa_forward_decode(query, out, backend.token_to_kv_pool.k, backend.token_to_kv_pool.v, r2t,
+                                         rows, lens, None, scaling=D ** -0.5, enable_gqa=True, causal=False,
+                                         is_cross_attn=False, sliding_window_size=None)
+        return out.tolist()
+
     # ---- phase 1: pristine SGLang ----
     R["draft_choices_before"] = list(DRAFT_ATTENTION_BACKEND_CHOICES)
     check("handle_dflash_before", handle_dflash)
@@ -395,6 +411,7 @@ CHECKS = textwrap.dedent(r'''
     check("target_verify_lens_before", target_verify_with_extend_lens)
     check("platform_proxy", platform_proxy)
     check("plain_extend_before", plain_extend_unchanged)
+    check("decode_before", decode_outputs)
 
     # ---- load the plugin as every SGLang process does ----
     from sglang.srt.plugins import load_plugins
@@ -413,6 +430,7 @@ CHECKS = textwrap.dedent(r'''
     check("target_verify_custom_mask_after", target_verify_custom_mask)
     check("target_verify_encoder_only_after", target_verify_encoder_only)
     check("plain_extend_after", plain_extend_unchanged)
+    check("decode_after", decode_outputs)
     print(json.dumps(R))
 ''')
 
@@ -523,6 +541,17 @@ def test_torch_native_target_verify_equals_causal_attention(cpu_checks: dict) ->
     assert enc["differs_from_causal"] and enc["max_err"] < 1e-5, enc
     # prefill (EXTEND) batches take SGLang's own path, unchanged
     assert _ok(cpu_checks, "plain_extend_after") == _ok(cpu_checks, "plain_extend_before")
+
+
+def test_batched_decode_equals_sglang_per_request_loop(cpu_checks: dict) -> None:
+    """(9) DECODE attention batched over requests (one padded SDPA call per group) gives SGLang's per-request
+    loop's values (5 requests of lengths 1..16, GQA 4/2)."""
+    import torch
+
+    before = torch.tensor(_ok(cpu_checks, "decode_before"))
+    after = torch.tensor(_ok(cpu_checks, "decode_after"))
+    assert before.abs().sum() > 0
+    torch.testing.assert_close(after, before, atol=2e-6, rtol=1e-5)
 
 
 def test_plugin_registers_no_cpu_hooks_without_cpu_engine() -> None:
