@@ -82,7 +82,12 @@ def probe(shared: Shared, prompt: str = PROBE_PROMPT, *, flush: bool = True) -> 
         flush_cache(shared)
     resp = shared.srv.generate(prompt, PROBE_TOKENS, trace=True)
     meta = resp["meta_info"]
-    return {"output": resp["output_ids"], "trace": meta[TRACE_KEY], "versions": meta[VERSIONS_KEY],
+    # each verify record names the drafter that proposed it: one of the versions the request lists, in order
+    steps = [r["drafter_version"] for r in meta[TRACE_KEY]]
+    assert steps and [v for i, v in enumerate(steps) if i == 0 or steps[i - 1] != v] == meta[VERSIONS_KEY], steps
+    # "trace": the records without their version, so that the same weights under two names compare equal
+    return {"output": resp["output_ids"], "versions": meta[VERSIONS_KEY],
+            "trace": [{k: v for k, v in r.items() if k != "drafter_version"} for r in meta[TRACE_KEY]],
             "proposed": [r["proposed"] for r in meta[TRACE_KEY]]}
 
 

@@ -18,6 +18,7 @@ What the traces obey (observed, and asserted below):
   step's full ``accepted``. So ``completion_tokens == min(1 + sum(accepted + 1), max_new_tokens)``, and the step
   before the last had not reached the limit. ``sum(accepted + 1) == completion_tokens`` does NOT hold: it is off
   by the prefill token, and by the truncated overshoot;
+* every record names the drafter version that proposed its block (``"initial"`` on a server that never swapped);
 * ``spec_accept_length == completion_tokens / spec_verify_ct`` (so it counts the prefill token and is computed
   after truncation); ``spec_correct_drafts_histogram[k]`` counts the steps with ``accepted == k`` (trailing
   zero bins omitted) and ``spec_num_correct_drafts == sum(accepted)``, both untruncated.
@@ -50,7 +51,8 @@ def check_trace(resp: dict, block_size: int, max_new_tokens: int, output_ids: Op
     assert len(trace) == meta["spec_verify_ct"]
     prompt_tokens = meta["prompt_tokens"]
     for rec in trace:
-        assert set(rec) == {"anchor", "proposed", "accepted"}, rec
+        assert set(rec) == {"anchor", "proposed", "accepted", "drafter_version"}, rec
+        assert isinstance(rec["drafter_version"], str) and rec["drafter_version"], rec
         assert len(rec["proposed"]) == block_size - 1, rec
         assert all(isinstance(t, int) for t in rec["proposed"])
         assert 0 <= rec["accepted"] <= block_size - 1, rec
@@ -234,3 +236,38 @@ def test_mixed_greedy_and_sampled_batch_stays_lossless(tiny_plain_outputs, tiny_
         results = list(pool.map(run, jobs))
     for (prompt, sampled), resp in zip(jobs, results):
         assert resp["output_ids"] == tiny_plain_outputs[prompt], (prompt, sampled)
+
+
+def test_trace_records_name_the_initial_drafter_version(tiny_specopd_server) -> None:
+    """No swap on this server: every verify step was proposed by version "initial", the one the request lists."""
+    resp = tiny_specopd_server.generate(TINY_PROMPTS[2], 12, trace=True)
+    trace = resp["meta_info"][TRACE_KEY]
+    assert trace and {r["drafter_version"] for r in trace} == {"initial"}
+    assert resp["meta_info"]["specopd_drafter_versions"] == ["initial"]
+
+
+@pytest.mark.parametrize("value", ["yes", 1, {}, None, [True]])
+def test_non_bool_trace_param_is_a_400_with_a_reason(tiny_specopd_server, value) -> None:
+    """custom_params.specopd_trace must be a JSON boolean, on /generate and the OpenAI chat API (was truthiness)."""
+    gen = tiny_specopd_server.post("/generate", {"text": "Hello world", "sampling_params": {
+        "temperature": 0.0, "max_new_tokens": 2, "custom_params": {"specopd_trace": value}}})
+    assert gen.status_code == 400, (value, gen.status_code, gen.text[:300])
+    assert "specopd_trace must be true or false" in gen.text, gen.text[:300]
+    chat = tiny_specopd_server.post("/v1/chat/completions", {
+        "model": "tiny", "messages": [{"role": "user", "content": "Hello world"}], "max_tokens": 2,
+        "temperature": 0, "custom_params": {"specopd_trace": value}, "return_meta_info": True})
+    assert chat.status_code == 400, (value, chat.status_code, chat.text[:300])
+    assert "specopd_trace must be true or false" in chat.text, chat.text[:300]
+
+
+def test_traffic_endpoints_refused_without_an_admin_key(tiny_specopd_server) -> None:
+    """Traffic recording is off by default and this server has no --admin-api-key: the admin-only traffic routes
+    answer 403 (SGLang's ADMIN_FORCE), whatever key is sent; no prompt or output leaves."""
+    from sglang_specopd.wire.traffic import TRAFFIC_PATH, TRAFFIC_PURGE_PATH
+
+    assert tiny_specopd_server.spec.traffic_spool_mb == 0
+    for headers in ({}, {"Authorization": "Bearer anything"}):
+        r = httpx.get(tiny_specopd_server.url + TRAFFIC_PATH, headers=headers, timeout=60)
+        assert r.status_code == 403, (r.status_code, r.text[:300])
+        r = httpx.post(tiny_specopd_server.url + TRAFFIC_PURGE_PATH, headers=headers, timeout=60)
+        assert r.status_code == 403, (r.status_code, r.text[:300])

@@ -46,6 +46,10 @@ class ServeConfig(BaseModel):
     score_trees_max_request_mb: int = Field(
         default=1024, ge=0, description="cap on one score_trees request's estimated peak scheduler memory in MiB "
                                         "(sglang_specopd.server.score_cost; more: HTTP 413; 0 = no cap)")
+    traffic_spool_mb: float = Field(
+        default=0, ge=0, description="MiB of live-traffic items (prompt + output ids and verify trace of every "
+                                     "finished request) the server keeps for training, read and purged with the "
+                                     "admin key (sglang_specopd.server.traffic, docs/live_traffic.md; 0 = off)")
     checked_on_gpu: bool = False
     extra_sglang_args: List[str] = Field(default_factory=list)
 

@@ -55,13 +55,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def server_env(device: str, base: Optional[Dict[str, str]] = None, prefix_cache_mb: int = 0,
-               score=None) -> Dict[str, str]:
+               score=None, traffic_spool_mb: float = 0) -> Dict[str, str]:
     """Environment for the SGLang process, as the plugin asks for it
     (:func:`sglang_specopd.server.plugin.launch_environment`; ``score``: a
-    :class:`sglang_specopd.server.score_cost.ScoreSettings`, None for the defaults)."""
+    :class:`sglang_specopd.server.score_cost.ScoreSettings`, None for the defaults; ``traffic_spool_mb``: the
+    live-traffic spool, 0 = off)."""
     from sglang_specopd.server.plugin import launch_environment
 
-    return launch_environment(device, base, prefix_cache_mb, score)
+    return launch_environment(device, base, prefix_cache_mb, score, traffic_spool_mb)
 
 
 @dataclass
@@ -89,6 +90,7 @@ class LaunchSpec:
     score_budget_tokens: int = 0  # score_trees_* server-config keys (sglang_specopd.server.score_cost.ScoreSettings)
     score_queue_max: int = 4
     score_max_request_mb: int = 1024
+    traffic_spool_mb: float = 0  # live-traffic spool (sglang_specopd.server.traffic); 0 = off
     extra_args: List[str] = field(default_factory=list)
 
     def score_settings(self):
@@ -182,7 +184,8 @@ class SGLangServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         t0 = time.monotonic()
-        env = server_env(self.spec.device, prefix_cache_mb=self.spec.prefix_cache_mb, score=self.spec.score_settings())
+        env = server_env(self.spec.device, prefix_cache_mb=self.spec.prefix_cache_mb, score=self.spec.score_settings(),
+                         traffic_spool_mb=self.spec.traffic_spool_mb)
         self.tmpdir = make_private_tmpdir(env)
         try:
             self.proc = subprocess.Popen(self.spec.argv(), env=env, stdout=log,

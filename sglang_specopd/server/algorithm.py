@@ -46,6 +46,7 @@ def _make_spec_class():
 def _make_worker_class():
     from sglang_specopd.server.hot_swap import current_version
     from sglang_specopd.server.traces import record_verify_step, record_versions, wants_trace
+    from sglang_specopd.server.traffic import recording
 
     DFlashWorkerV2 = compat.get("DFlashWorkerV2")
     _commit_accept = compat.get("_commit_accept")
@@ -55,10 +56,11 @@ def _make_worker_class():
     from sglang_specopd.server.sampled_drafts import draft_sampling_mode, sample_block, verify_block
 
     sampled = draft_sampling_mode() == "sample"  # read at server start: a bad value fails the launch, not a step
+    keep_all = recording()  # live-traffic spool on: every request's verify records are kept (server/traffic.py)
 
     class SpecOPDWorker(DFlashWorkerV2):
-        """``DFlashWorkerV2`` that records (anchor, proposed tokens, accepted count) per verify step and serves
-        sampled draft blocks with lossless verification at temperature > 0."""
+        """``DFlashWorkerV2`` that records (anchor, proposed tokens, accepted count, drafter version) per verify step
+        and serves sampled draft blocks with lossless verification at temperature > 0."""
 
         _specopd_reqs = None
         _specopd_sampling = None  # the batch's sampling_info while this step drafts by sampling
@@ -103,15 +105,12 @@ def _make_worker_class():
                 out = super()._accept_block(**kwargs)
             reqs = self._specopd_reqs
             if reqs:
-                record_versions(reqs, current_version())
-            if reqs and any(wants_trace(r) for r in reqs):
-                candidates = kwargs["candidates"]
-                record_verify_step(
-                    reqs,
-                    kwargs["prefix_lens"].tolist(),
-                    candidates[:, 1:].tolist(),
-                    out[0].tolist(),
-                )
+                version = current_version()  # swaps run between batches: the version whose weights drafted this block
+                record_versions(reqs, version)
+                if keep_all or any(wants_trace(r) for r in reqs):
+                    candidates = kwargs["candidates"]
+                    record_verify_step(reqs, kwargs["prefix_lens"].tolist(), candidates[:, 1:].tolist(),
+                                       out[0].tolist(), version, keep_all=keep_all)
             return out
 
     return SpecOPDWorker

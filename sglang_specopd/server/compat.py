@@ -176,6 +176,13 @@ SYMBOLS: Tuple[Symbol, ...] = (
     _s("SchedulerOutputStreamer.build_additional_customized_info",
        "sglang.srt.managers.scheduler_components.output_streamer",
        "SchedulerOutputStreamer.build_additional_customized_info", OVR, ("self", "reqs"), used_by="streamer"),
+    # --- traces and the live-traffic spool (traces.py, traffic.py; the verify hook is registered by plugin.py) ---
+    _s("SamplingParams.verify", "sglang.srt.sampling.sampling_params", "SamplingParams.verify", AFTER,
+       ("self", "vocab_size"), used_by="plugin"),
+    _s("SamplingParams", "sglang.srt.sampling.sampling_params", "SamplingParams", R, attrs=("custom_params",),
+       used_by="traces"),
+    _s("Req", "sglang.srt.managers.schedule_batch", "Req", R, used_by=("traces", "traffic"),
+       attrs=("sampling_params", "finished", "finished_reason", "origin_input_ids", "output_ids_through_stop")),
     # --- HTTP routes (routes.py) ---
     _s("http_server.app", _HTTP, "app", Kind.ROUTE, attrs=("add_api_route", "routes"), used_by="routes"),
     _s("launch_server", _HTTP, "launch_server", BEFORE, ("server_args",), used_by="routes"),

@@ -43,6 +43,11 @@ def register() -> None:
     register_fixes()
     register_algorithm()
     import sglang_specopd.server.hot_swap  # noqa: F401  (registers the swap_drafter / drafter_info ops)
+    from sglang_specopd.server.traces import verify_trace_param
+    from sglang_specopd.server.traffic import register_traffic_op
+
+    register_traffic_op()
+    compat.hook("SamplingParams.verify", verify_trace_param)  # custom_params.specopd_trace must be a bool (400)
     from sglang_specopd.server.control import register_control
     from sglang_specopd.server.routes import register_routes
     from sglang_specopd.server.scoring import register_scoring
@@ -60,17 +65,21 @@ def register() -> None:
 
 
 def launch_environment(device: str, base: Optional[Dict[str, str]] = None, prefix_cache_mb: int = 0,
-                       score=None) -> Dict[str, str]:
+                       score=None, traffic_spool_mb: float = 0) -> Dict[str, str]:
     """Environment for the SGLang process: the score_trees prefix cache's size (``SPECOPD_PREFIX_CACHE_MB``), the
     score_trees budget / queue / cost cap (``score``: a :class:`sglang_specopd.server.score_cost.ScoreSettings`,
-    ``SPECOPD_SCORE_*``; None: the defaults) and, on CPU, the CPU engine and the ``sgl_kernel`` stand-in."""
+    ``SPECOPD_SCORE_*``; None: the defaults), the live-traffic spool's budget (``traffic_spool_mb`` MiB, 0 = off;
+    ``SPECOPD_TRAFFIC_SPOOL_BYTES``, :mod:`sglang_specopd.server.traffic`) and, on CPU, the CPU engine and the
+    ``sgl_kernel`` stand-in."""
     from sglang_specopd.server.prefix_cache import ENV_VAR
     from sglang_specopd.server.score_cost import ScoreSettings
+    from sglang_specopd.server.traffic import spool_env
 
     env = dict(os.environ if base is None else base)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env[ENV_VAR] = str(int(prefix_cache_mb))
     env.update((score or ScoreSettings()).env())
+    env.update(spool_env(traffic_spool_mb))
     if device == "cpu":
         from sglang_specopd.server.cpu import STANDIN_DIR
 

@@ -3,7 +3,8 @@
 ``POST /specopd/drafter/swap`` (admin: SGLang's ADMIN_FORCE level, so ``--admin-api-key`` is required and
 checked by SGLang's own auth middleware) and ``GET /specopd/drafter`` (version and spec of the serving drafter).
 ``GET /specopd/prefix_cache`` (the score_trees prefix cache's stats) and ``POST /specopd/prefix_cache/clear``
-(admin, as the swap).
+(admin, as the swap). ``GET /specopd/traffic`` and ``POST /specopd/traffic/purge`` (admin, as the swap): the
+live-traffic spool (:mod:`sglang_specopd.server.traffic`; 404 with the reason when recording is off).
 
 ``POST /specopd/score_trees`` (normal auth: SGLang's ``--api-key`` when set): a JSON :class:`ScoreTreesRequest`;
 the reply is ``application/octet-stream`` safetensors bytes (tensors per reference ``ref{i}.*``, JSON header in
@@ -25,6 +26,7 @@ from sglang_specopd.wire.protocol import (
     SCORE_TREES_PATH,
     SWAP_DRAFTER_PATH,
 )
+from sglang_specopd.wire.traffic import TRAFFIC_PATH, TRAFFIC_PURGE_PATH
 
 
 async def score_trees(request: Request):
@@ -45,17 +47,16 @@ async def swap_drafter(request: Request):
 
 
 async def _json_op(op_name: str, payload: bytes = b""):
-    """Run a scheduler op whose reply payload is JSON: 200 with that JSON, or the op's status and reason."""
-    import json
-
-    from fastapi.responses import JSONResponse
+    """Run a scheduler op whose reply payload is JSON: 200 with those bytes as they are, or the op's status and
+    reason."""
+    from fastapi.responses import Response
 
     from sglang_specopd.server import control
 
     reply = await control.call(op_name, payload)
     if reply.status != 200:
         return error_response(reply.status, reply.message)
-    return JSONResponse(json.loads(reply.payload))
+    return Response(content=reply.payload, media_type="application/json")
 
 
 async def drafter_info(request: Request):
@@ -73,6 +74,24 @@ async def prefix_cache_clear(request: Request):
     return await _json_op("prefix_cache", b"clear")
 
 
+async def traffic_read(request: Request):
+    """Admin: live-traffic items after a cursor (``?after=SEQ&max_items=N&spool_id=ID``); 400 for a bad query."""
+    import json
+
+    from sglang_specopd.server.traffic import parse_read_query
+
+    try:
+        query = parse_read_query(request.query_params)
+    except ValueError as exc:
+        return error_response(400, str(exc))
+    return await _json_op("traffic", json.dumps({"action": "read", **query}).encode())
+
+
+async def traffic_purge(request: Request):
+    """Admin: drop every live-traffic item; ``{"purged": n, "stats": {...}}``."""
+    return await _json_op("traffic", b'{"action": "purge"}')
+
+
 def add_routes(*args, **kwargs):
     """BEFORE hook for ``http_server.launch_server``: add the plugin's routes to SGLang's app."""
     app = compat.get("http_server.app")
@@ -86,6 +105,8 @@ def add_routes(*args, **kwargs):
         app.add_api_route(PREFIX_CACHE_PATH, prefix_cache_stats, methods=["GET"])
         app.add_api_route(PREFIX_CACHE_PATH + "/clear", auth_level(admin_force)(prefix_cache_clear),
                           methods=["POST"])
+        app.add_api_route(TRAFFIC_PATH, auth_level(admin_force)(traffic_read), methods=["GET"])
+        app.add_api_route(TRAFFIC_PURGE_PATH, auth_level(admin_force)(traffic_purge), methods=["POST"])
     return None
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import httpx
 
@@ -20,6 +20,7 @@ from sglang_specopd.wire.protocol import (
     ScoreTreesRequest,
     decode_tensors,
 )
+from sglang_specopd.wire.traffic import TRAFFIC_PATH, TRAFFIC_PURGE_PATH, PurgeReply, TrafficReply
 
 
 class ServerError(RuntimeError):
@@ -108,6 +109,8 @@ class SpecOPDClient:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._admin_key = admin_api_key
         self._http = httpx.Client(timeout=timeout, headers=headers)
+        self._traffic_cursor: Optional[Tuple[str, int]] = None  # (spool_id, last seq read) of the traffic spool
+        self.last_traffic: Optional[TrafficReply] = None  # the last /specopd/traffic reply (missed, stats)
 
     def close(self) -> None:
         self._http.close()
@@ -177,8 +180,39 @@ class SpecOPDClient:
 
         if not clear:
             return self._request("GET", PREFIX_CACHE_PATH).json()
-        headers = {"Authorization": f"Bearer {self._admin_key}"} if self._admin_key else {}
-        return self._request("POST", PREFIX_CACHE_PATH + "/clear", headers=headers).json()
+        return self._request("POST", PREFIX_CACHE_PATH + "/clear", headers=self._admin_headers()).json()
+
+    def _admin_headers(self) -> Dict[str, str]:
+        return {"Authorization": f"Bearer {self._admin_key}"} if self._admin_key else {}
+
+    def traffic(self, max_items: int) -> List[Dict[str, Any]]:
+        """The next up to ``max_items`` (1..4096) live-traffic items this client has not read yet, oldest first
+        (``GET /specopd/traffic``, admin: needs ``admin_api_key``). Each item is exactly ``{"input_ids": [int]
+        (prompt + served output ids), "prompt_len": int, "trace": [{"anchor", "proposed", "accepted",
+        "drafter_version"}], "finished_at": float (Unix s)}``; [] when nothing new has finished.
+
+        The client keeps the cursor (spool id + last seq): every item is returned once per client, and a retried
+        request after a lost reply returns the same items (the server removes nothing on read). Items evicted
+        before they were read are counted in ``self.last_traffic.missed``; after a server restart the cursor starts
+        again. Raises :class:`ServerRequestError`: 401/403 without the admin key, 404 when the server does not
+        record traffic (``traffic_spool_mb: 0``), 409 on a server that is not SPECOPD.
+        """
+        params: Dict[str, Any] = {"max_items": int(max_items)}
+        if self._traffic_cursor is not None:
+            params["spool_id"], params["after"] = self._traffic_cursor
+        r = self._request("GET", TRAFFIC_PATH, params=params, headers=self._admin_headers())
+        reply = TrafficReply.model_validate_json(r.content)
+        self.last_traffic = reply
+        self._traffic_cursor = (reply.spool_id, reply.next_after)
+        return [{"input_ids": list(it.input_ids), "prompt_len": it.prompt_len,
+                 "trace": [rec.model_dump() for rec in it.trace], "finished_at": it.finished_at}
+                for it in reply.items]
+
+    def purge_traffic(self) -> int:
+        """Drop every live-traffic item held by the server (``POST /specopd/traffic/purge``, admin); returns how many
+        were dropped. Raises :class:`ServerRequestError` as :meth:`traffic`."""
+        r = self._request("POST", TRAFFIC_PURGE_PATH, headers=self._admin_headers())
+        return PurgeReply.model_validate_json(r.content).purged
 
     def context_features(self, input_ids: List[int], layer_ids: List[int], dtype: str = "float32"):
         """Target context features [P, K*H] for one sequence (SGLang's DFlash capture convention)."""
