@@ -112,7 +112,7 @@ def test_builtin_algorithms_are_registered_with_light_imports() -> None:
     import subprocess
     import sys
 
-    assert registry.names()[:3] == ["specopd", "sft", "sequential-opd"]
+    assert registry.names()[:4] == ["specopd", "sft", "sequential-opd", "draft-opd"]
     code = ("import sys; from specopd_trainer.algorithms import registry; registry.names(); "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -124,7 +124,7 @@ def test_registry_rejects_bad_entries(dummy) -> None:
         registry.register(Algorithm(name="dummy-algo", title="x", help="x", config=DummyConfig, run=dummy_run))
     with pytest.raises(ValueError, match="not fields of DummyConfig"):
         Algorithm(name="bad", title="x", help="x", config=DummyConfig, run=dummy_run, recipe={"nope": 1})
-    with pytest.raises(registry.UnknownAlgorithmError, match="registered: specopd, sft, sequential-opd, dummy-algo"):
+    with pytest.raises(registry.UnknownAlgorithmError, match="registered: specopd, sft, sequential-opd, draft-opd, dummy-algo"):
         registry.get("nope")
     assert dummy.make_config(steps=3) == DummyConfig(steps=3, scale=2.5)
 

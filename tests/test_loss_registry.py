@@ -15,8 +15,11 @@ from specopd_kernels.losses.tree import tree_e2e_fkl_is, tree_e2e_tv, tree_per_t
 def test_each_name_has_its_flat_and_tree_form() -> None:
     assert LOSSES["e2e_tv"].flat is e2e_tv_loss and LOSSES["e2e_tv"].tree is tree_e2e_tv
     assert LOSSES["e2e_fkl_is"].flat is e2e_fkl_is_loss and LOSSES["e2e_fkl_is"].tree is tree_e2e_fkl_is
-    assert LOSSES["ce_decay"].tree is None and LOSSES["draft_opd"].tree is None
+    assert LOSSES["ce_decay"].tree is None
     assert tree_losses() == ("e2e_tv", "e2e_tv_fused", "e2e_fkl", "e2e_fkl_is", "tv", "fkl", "rkl")
+    # draft_opd's tree form needs per-slot accepted / rejected masks: listed only for trainers that have them
+    assert LOSSES["draft_opd"].tree is not None and LOSSES["draft_opd"].slot_masks
+    assert tree_losses(slot_masks=True) == tree_losses() + ("draft_opd",)
     assert root_anchor_losses() == ("e2e_fkl", "e2e_fkl_is")
     assert [n for n, s in LOSSES.items() if s.greedy_branches] == ["e2e_fkl_is"]
     assert [n for n, s in LOSSES.items() if s.bf16_rows] == ["e2e_fkl", "e2e_fkl_is"]
@@ -50,6 +53,8 @@ def test_registering_a_loss_makes_it_a_tree_and_specopd_loss() -> None:
 def test_dispatch_refuses_flat_only_names_and_foreign_greedy_branches() -> None:
     p = torch.zeros(2, 3)
     with pytest.raises(KeyError, match="no proposal-tree form; valid names: e2e_tv, e2e_tv_fused"):
+        tree_loss("ce_decay", p, p, torch.arange(2), torch.zeros(1, 1, dtype=torch.long))
+    with pytest.raises(ValueError, match="needs accepted_mask"):
         tree_loss("draft_opd", p, p, torch.arange(2), torch.zeros(1, 1, dtype=torch.long))
     with pytest.raises(ValueError, match="greedy-path branches are a term of e2e_fkl_is, not of 'e2e_tv'"):
         tree_loss("e2e_tv", p, p, torch.arange(2), torch.tensor([[0, 1], [1, 0]]),

@@ -15,7 +15,7 @@ import torch
 
 __all__ = [
     "acceptance_alpha", "expected_acceptance_length", "e2e_tv_from_alpha", "e2e_tv_loss", "tv_loss",
-    "forward_kl", "reverse_kl", "ce_decay_loss", "draft_opd_loss",
+    "forward_kl", "reverse_kl", "ce_decay_loss", "draft_opd_loss", "draft_opd_terms",
 ]
 
 _REDUCTIONS = ("mean", "sum", "none")
@@ -200,19 +200,64 @@ def ce_decay_loss(draft_logits: torch.Tensor, labels: torch.Tensor, gamma_decay:
     return (w * torch.where(valid, ce, torch.zeros_like(ce))).sum() / w.sum().clamp(min=1e-12)
 
 
+_KL_DIRECTIONS = ("forward", "reverse")
+
+
+def draft_opd_terms(target_logits: torch.Tensor, draft_logits: torch.Tensor, accepted: torch.Tensor,
+                    slot: torch.Tensor, gamma: float = 0.8, lambda_acc: float = 1.0, lambda_rej: float = 1.0,
+                    log_prob_min: Optional[float] = -10.0, loss_max: Optional[float] = 10.0,
+                    accepted_kl: str = "forward", rejected_kl: str = "reverse") -> torch.Tensor:
+    """The Draft-OPD loss on M supervised (block, slot) pairs, given row by row (the core of the flat and tree forms).
+
+    target_logits, draft_logits: ``[M, V]`` float, pair m's target p and drafter q; accepted: bool ``[M]`` (True:
+    an accepted slot, False: a rejected one); slot: int64 ``[M]``, the 0-based in-block slot (k - 1, so the
+    rejected weight is gamma^slot). L = (l_a sum_acc KL_acc + l_r sum_rej w KL_rej) / (l_a N_acc + l_r sum_rej w),
+    KL_acc = KL(p || q) and KL_rej = KL(q || p) by default (``accepted_kl`` / ``rejected_kl``: "forward" or
+    "reverse", the single-direction ablations), log-probs clamped at >= ``log_prob_min`` and per-token losses
+    to [-loss_max, loss_max] (None disables a clamp). Returns an fp32 scalar (0 with a graph when M = 0 or the
+    denominator is 0). Raises ValueError for gamma outside (0, 1], negative lambdas or an unknown direction.
+    Source: bingyang-lei/Draft-OPD verl/verl/trainer/distillation/losses.py (``_build_rejected_draft_position_weights``:
+    weight decay^(offset - 1) by the 1-based in-block offset; the combined stream normalisation).
+    """
+    if not 0.0 < gamma <= 1.0:
+        raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+    if lambda_acc < 0 or lambda_rej < 0:
+        raise ValueError(f"lambda_acc and lambda_rej must be >= 0, got {lambda_acc}, {lambda_rej}")
+    for nm, d in (("accepted_kl", accepted_kl), ("rejected_kl", rejected_kl)):
+        if d not in _KL_DIRECTIONS:
+            raise ValueError(f"{nm} must be one of {_KL_DIRECTIONS}, got {d!r}")
+    fkl = _kl(target_logits, draft_logits, log_prob_min)
+    rkl = _kl(draft_logits, target_logits, log_prob_min)
+    if loss_max is not None:
+        fkl, rkl = fkl.clamp(-loss_max, loss_max), rkl.clamp(-loss_max, loss_max)
+    acc_term = fkl if accepted_kl == "forward" else rkl
+    rej_term = rkl if rejected_kl == "reverse" else fkl
+    acc = accepted.float()
+    w = torch.pow(torch.tensor(float(gamma), device=fkl.device), slot.float()) * (1.0 - acc)
+    zero = torch.zeros_like(fkl)
+    num = lambda_acc * torch.where(accepted, acc_term, zero).sum() + lambda_rej * (w * torch.where(
+        accepted, zero, rej_term)).sum()
+    den = lambda_acc * acc.sum() + lambda_rej * w.sum()
+    if float(den) == 0.0:
+        return num * 0.0
+    return num / den
+
+
 def draft_opd_loss(target_logits: torch.Tensor, draft_logits: torch.Tensor, accepted_mask: torch.Tensor,
                    rejected_mask: torch.Tensor, gamma: float = 0.8, lambda_acc: float = 1.0,
                    lambda_rej: float = 1.0, log_prob_min: Optional[float] = -10.0,
-                   loss_max: Optional[float] = 10.0) -> torch.Tensor:
+                   loss_max: Optional[float] = 10.0, accepted_kl: str = "forward",
+                   rejected_kl: str = "reverse") -> torch.Tensor:
     """Draft-OPD: FKL(p||q) on accepted tokens, gamma^(k-1)-weighted RKL(q||p) on rejected tokens.
 
     L = (l_a sum_acc FKL + l_r sum_rej w_k RKL) / (l_a N_acc + l_r sum_rej w_k), w_k = gamma^(k-1) for slot
     k = column + 1.  target_logits, draft_logits: [N, G, V] (scored on the drafter-generated replay
     prefixes); accepted_mask, rejected_mask: bool [N, G], disjoint.  Log-probs clamped at >= log_prob_min
     and each per-token loss clamped to [-loss_max, loss_max] (bingyang-lei/Draft-OPD
-    verl/trainer/distillation/losses.py clamps both sides; None disables a clamp).  Returns fp32 scalar
-    (0 with a graph when both masks are empty).  Raises ValueError for overlapping masks, gamma outside
-    (0, 1] or negative lambdas.
+    verl/trainer/distillation/losses.py clamps both sides; None disables a clamp).  ``accepted_kl`` /
+    ``rejected_kl``: "forward" or "reverse" (the single-direction ablations; default the paper's mix).  Returns
+    fp32 scalar (0 with a graph when both masks are empty).  Raises ValueError for overlapping masks, gamma
+    outside (0, 1], negative lambdas or an unknown direction. The rows are reduced by :func:`draft_opd_terms`.
     """
     check_pair(target_logits, draft_logits, blocks=True)
     shape = target_logits.shape[:2]
@@ -220,20 +265,7 @@ def draft_opd_loss(target_logits: torch.Tensor, draft_logits: torch.Tensor, acce
     rej = check_mask(rejected_mask, shape, "rejected_mask")
     if (acc & rej).any():
         raise ValueError("accepted_mask and rejected_mask overlap: a token is either accepted or rejected")
-    if not 0.0 < gamma <= 1.0:
-        raise ValueError(f"gamma must be in (0, 1], got {gamma}")
-    if lambda_acc < 0 or lambda_rej < 0:
-        raise ValueError(f"lambda_acc and lambda_rej must be >= 0, got {lambda_acc}, {lambda_rej}")
-    fkl = _kl(target_logits, draft_logits, log_prob_min)
-    rkl = _kl(draft_logits, target_logits, log_prob_min)
-    if loss_max is not None:
-        fkl, rkl = fkl.clamp(-loss_max, loss_max), rkl.clamp(-loss_max, loss_max)
-    k = torch.arange(shape[1], dtype=torch.float32, device=fkl.device)
-    w = torch.pow(torch.tensor(float(gamma), device=fkl.device), k)[None, :] * rej.float()
-    zero = torch.zeros_like(fkl)
-    num = lambda_acc * torch.where(acc, fkl, zero).sum() + lambda_rej * (w * torch.where(rej, rkl, zero)).sum()
-    den = lambda_acc * acc.float().sum() + lambda_rej * w.sum()
-    if float(den) == 0.0:
-        return num * 0.0
-    return num / den
-
+    sel = acc | rej
+    slot = torch.arange(shape[1], device=target_logits.device).expand(shape)
+    return draft_opd_terms(target_logits[sel], draft_logits[sel], acc[sel], slot[sel], gamma, lambda_acc,
+                           lambda_rej, log_prob_min, loss_max, accepted_kl, rejected_kl)

@@ -29,6 +29,7 @@ BUILTIN: Tuple[str, ...] = (
     "specopd_trainer.algorithms.specopd",
     "specopd_trainer.algorithms.sft",
     "specopd_trainer.algorithms.sequential_opd",
+    "specopd_trainer.algorithms.draft_opd",
 )
 
 PushFn = Callable[[int, Any], Any]  # push(step, drafter): hot-swap the drafter into the server

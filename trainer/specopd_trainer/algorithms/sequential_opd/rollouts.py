@@ -40,48 +40,85 @@ def collect_rollouts(client, prompts: List[List[int]], *, max_new_tokens: int, t
         return list(pool.map(one, prompts))
 
 
+@dataclass(frozen=True)
+class RecordedBlocks:
+    """The recorded blocks of one rollout packed as one-branch proposal trees (shared by sequential OPD and
+    Draft-OPD). token_ids: the rollout (prompt + output). records: the verify records kept (``anchor``,
+    ``proposed``, ...). packed: :class:`specopd_trainer.loops.branch_tree.PackedBranches` of the records' first
+    G-1 proposed tokens (one branch per anchor; slot 1 is the anchor row, slot k the row of proposed token k-1)."""
+
+    token_ids: List[int]
+    records: List[dict]
+    packed: object
+
+
+def pack_recorded_blocks(token_ids: List[int], records: List[dict], g: int) -> RecordedBlocks:
+    """Pack ``records`` (each with ``anchor`` and at least G-1 = ``g - 1`` ``proposed`` ids) of the rollout
+    ``token_ids`` as one-branch proposal trees. Raises ValueError for an empty ``records``."""
+    from specopd_trainer.loops.branch_tree import pack_branches
+
+    if not records:
+        raise ValueError("no records to pack")
+    packed = pack_branches(torch.tensor([[x["proposed"][: g - 1]] for x in records], dtype=torch.long), g - 1)
+    return RecordedBlocks(list(token_ids), list(records), packed)
+
+
+def score_recorded_blocks(client, blocks: List[RecordedBlocks], block_size: int, layer_ids: List[int]) -> list:
+    """ONE ``score_trees`` call for every block of ``blocks``: per rollout the target's final hidden states (one row
+    per anchor, then one per tree node) and the rollout's context features at ``layer_ids`` (fp32). Returns the
+    client's :class:`ScoredReference` list, aligned with ``blocks``."""
+    from sglang_specopd.wire.protocol import ScoreTreesRequest
+
+    refs = [{"input_ids": b.token_ids,
+             "trees": [{"anchor": x["anchor"], "tokens": t, "parents": par}
+                       for x, t, par in zip(b.records, b.packed.tokens, b.packed.parents)]} for b in blocks]
+    return client.score_trees(ScoreTreesRequest(references=refs, block_size=block_size, returns=["hidden"],
+                                                feature_layer_ids=list(layer_ids), output_dtype="float32"))
+
+
+def block_rows(drafter, blocks: RecordedBlocks, scored, head_dtype: str = "bfloat16"):
+    """``(p_rows [A + nodes, V] fp32 no grad, q [A * G, V])`` of one rollout's recorded blocks: the target's logits
+    on every scored row (frozen LM head in ``head_dtype``) and the drafter's slot logits 1..G at the A anchors,
+    recomputed from the rollout's context features (with gradient). Row ``a * G + k - 1`` of q is slot k at
+    anchor a (``packed.row_anchor * G + packed.row_slot`` indexes it from the scored rows)."""
+    from specopd_trainer.loops.head import target_head_logits
+
+    a, g = len(blocks.records), drafter.block_size - 1
+    anchors = torch.tensor([x["anchor"] for x in blocks.records], dtype=torch.long)
+    logits, _ = drafter.logits(scored.features.float(), torch.tensor(blocks.token_ids, dtype=torch.long), anchors)
+    with torch.no_grad():
+        p_rows = target_head_logits(drafter._head(), scored.hidden, head_dtype)
+    return p_rows, logits[:, 1:].reshape(a * g, -1)
+
+
 def rollout_step(drafter, client, rollouts: List[Rollout], layer_ids: List[int], loss_name: str = "e2e_tv",
                  max_records: Optional[int] = None, head_dtype: str = "bfloat16", temperature: float = 1.0) -> Tuple[torch.Tensor, Dict]:
     """Proposal-tree loss ``loss_name`` (E2E-TV by default) on the recorded blocks of ``rollouts`` (score + features
     in one call); returns (loss, metrics). ``temperature``: the rollouts' sampling temperature (the drafts' law for
     ``e2e_fkl_is``'s acceptance ratios)."""
-    from sglang_specopd.wire.protocol import ScoreTreesRequest
     from specopd_kernels.losses import expected_acceptance_length, tree_loss_and_alpha
-    from specopd_trainer.loops.branch_tree import pack_branches
-    from specopd_trainer.loops.head import target_head_logits
 
     B = drafter.block_size
     g = B - 1
-    refs, kept = [], []
+    kept = []
     for r in rollouts:
         recs = [x for x in r.records if x["anchor"] < len(r.token_ids) and len(x["proposed"]) >= g - 1]
         recs = recs[:max_records]  # None = all
-        if not recs:
-            continue
-        # each verify record is a one-branch proposal tree at its anchor: its proposed tokens but the last
-        packed = pack_branches(torch.tensor([[x["proposed"][: g - 1]] for x in recs], dtype=torch.long), g - 1)
-        trees = [{"anchor": x["anchor"], "tokens": t, "parents": par}
-                 for x, t, par in zip(recs, packed.tokens, packed.parents)]
-        refs.append({"input_ids": r.token_ids, "trees": trees})
-        kept.append((r, recs, packed))
-    if not refs:
+        if recs:  # each verify record is a one-branch proposal tree at its anchor: its proposed tokens but the last
+            kept.append(pack_recorded_blocks(r.token_ids, recs, g))
+    if not kept:
         raise ValueError("no verify records in these rollouts (is the server speculative?)")
     t0 = time.monotonic()
-    scored = client.score_trees(ScoreTreesRequest(references=refs, block_size=B, returns=["hidden"],
-                                                  feature_layer_ids=list(layer_ids), output_dtype="float32"))
+    scored = score_recorded_blocks(client, kept, B, layer_ids)
     t1 = time.monotonic()
-    head = drafter._head()
     total, n, taus = 0.0, 0, []
-    for (r, recs, packed), sc in zip(kept, scored):
-        a = len(recs)
-        anchors = torch.tensor([x["anchor"] for x in recs], dtype=torch.long)
-        logits, _ = drafter.logits(sc.features.float(), torch.tensor(r.token_ids, dtype=torch.long), anchors)
-        with torch.no_grad():
-            p_rows = target_head_logits(head, sc.hidden, head_dtype)  # [a + nodes, V]
+    for blocks, sc in zip(kept, scored):
+        a, packed = len(blocks.records), blocks.packed
+        p_rows, q = block_rows(drafter, blocks, sc, head_dtype)  # [a + nodes, V], [a * g, V]
         # the same proposal-tree loss as SpecOPD (one branch per anchor, so no shared rows)
-        loss, alpha = tree_loss_and_alpha(loss_name, p_rows, logits[:, 1:].reshape(a * g, -1),
-                                          packed.row_anchor * g + packed.row_slot, packed.row_index,
-                                          row_token=packed.row_token, sample_temperature=temperature)
+        loss, alpha = tree_loss_and_alpha(loss_name, p_rows, q, packed.row_anchor * g + packed.row_slot,
+                                          packed.row_index, row_token=packed.row_token,
+                                          sample_temperature=temperature)
         total = total + loss * a
         n += a
         taus.append(float(expected_acceptance_length(alpha)[1].mean()))

@@ -1,0 +1,185 @@
+"""The Draft-OPD loop on the shared engine against a fake server: steps, pushes and the version ledger, metrics,
+exact resume, stale records dropped, the traffic source, and the ablation switches (no replay, one KL direction,
+random anchors)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from _sft_fixture import tiny_drafter
+
+G = 3  # the tiny drafter's block size is 4
+
+
+def _randn(seed: int, *shape):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed % (2**31)))
+
+
+class FakeServer:
+    """Stands in for SpecOPDClient: greedy-like rollouts with traces (depending only on the prompt), the drafter
+    version it serves (set by pushes), score_trees rows and features that depend only on the request's content
+    (so a resumed run sees what the uninterrupted one saw), and a recorded-traffic spool."""
+
+    def __init__(self, stale_first: bool = False):
+        self.version, self.stale_first = "init", stale_first
+        self.score_calls, self.generated, self.purged, self.spool = 0, 0, 0, []
+
+    def _request(self, method, path, **_):
+        return SimpleNamespace(json=lambda: {"version": self.version})
+
+    def generate(self, p, *, max_new_tokens, temperature=0.0, trace=False):
+        self.generated += 1
+        ids = list(p) + [(sum(p) * 7 + 13 * i) % 93 + 4 for i in range(max_new_tokens)]
+        recs, a = [], len(p) - 1
+        while a < len(ids) - 1:
+            acc = (a * 5 + sum(p)) % (G + 1)
+            version = "ancient" if self.stale_first and not recs else self.version
+            recs.append({"anchor": a, "proposed": [(a * 3 + j) % 93 + 4 for j in range(G)], "accepted": acc,
+                         "drafter_version": version})
+            a += acc + 1
+        return {"output_ids": ids[len(p):], "meta_info": {"specopd_trace": recs,
+                                                          "specopd_drafter_versions": [self.version]}}
+
+    def score_trees(self, req):
+        self.score_calls += 1
+        out = []
+        for r in req.references:
+            seed = sum((i + 1) * t for i, t in enumerate(r.input_ids))
+            rows = len(r.trees) + sum(len(t.tokens) for t in r.trees)
+            tree_seed = sum((j + 1) * (t.anchor + 1) * (1 + sum(t.tokens)) for j, t in enumerate(r.trees))
+            out.append(SimpleNamespace(hidden=_randn(seed + tree_seed, rows, 32) if rows else None,
+                                       features=_randn(seed, len(r.input_ids), 32)))
+        return out
+
+    def traffic(self, max_items):
+        return self.spool[:max_items]
+
+    def purge_traffic(self):
+        self.purged += 1
+        self.spool = []
+
+
+def _pusher(server: FakeServer, log: list):
+    def push(step, drafter):
+        server.version = f"draftopd-run-step{step}"
+        log.append(step)
+        return server.version
+    return push
+
+
+PROMPTS = [[5, 9, 11, 20, 31], [7, 7, 8, 40], [60, 2, 19, 33, 8, 12]]
+
+
+def _cfg(**kw):
+    from specopd_trainer.algorithms.draft_opd.config import DraftOPDConfig
+
+    base = dict(steps=4, rollout_prompts=2, rollout_tokens=12, concurrency=2, push_every=2, ckpt_every=2,
+                warmup_steps=0, lr=1e-2, min_lr_ratio=1.0, head_dtype="float32")
+    return DraftOPDConfig(**{**base, **kw})
+
+
+def _rows(run: Path):
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def test_two_steps_metrics_pushes_and_exact_resume(tmp_path: Path) -> None:
+    from specopd_trainer.algorithms.draft_opd.loop import train_draft_opd
+
+    whole, server, pushes = tiny_drafter(), FakeServer(), []
+    summary = train_draft_opd(whole, server, PROMPTS, tmp_path / "whole", _cfg(), push=_pusher(server, pushes),
+                              progress=False)
+    assert summary["steps"] == 4 and pushes == [0, 2, 4] and summary["pushed"] == [0, 2, 4]
+    assert summary["versions"] == ["init", "draftopd-run-step0", "draftopd-run-step2", "draftopd-run-step4"]
+    assert server.score_calls == 4 and server.generated == 8  # one score_trees call per step, 2 rollouts each
+    rows = _rows(tmp_path / "whole")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    total = 0
+    for r in rows:
+        assert r["blocks"] > 0 and r["rejected_tokens"] > 0 and r["error_records"] >= r["blocks"]
+        assert r["step_supervised_tokens"] == r["accepted_tokens"] + r["rejected_tokens"]
+        assert len(r["accepted_per_slot"]) == G and len(r["rejected_per_slot"]) == G
+        assert all(a + b == r["records"] for a, b in zip(r["accepted_per_slot"], r["rejected_per_slot"]))
+        assert 1.0 <= r["rollout_tau"] <= G + 1 and 1.0 <= r["est_tau"] <= G + 1
+        assert r["stale_records"] == 0 and r["unknown_version_records"] == 0
+        total += r["step_supervised_tokens"]
+        assert r["supervised_tokens"] == total and r["supervised_tokens_per_s"] > 0
+    assert not torch.equal(whole.fc.weight, tiny_drafter().fc.weight)
+
+    # 2 steps (checkpoint at 2, end push at 2), then resumed to 4: the uninterrupted run's drafter and rows
+    part_server, part_pushes = FakeServer(), []
+    train_draft_opd(tiny_drafter(), part_server, PROMPTS, tmp_path / "split", _cfg(steps=2),
+                    push=_pusher(part_server, part_pushes), progress=False)
+    assert part_pushes == [0, 2]
+    resumed = tiny_drafter()
+    out = train_draft_opd(resumed, part_server, PROMPTS, tmp_path / "split", _cfg(),
+                          push=_pusher(part_server, part_pushes), progress=False)
+    assert out["start_step"] == 2 and out["pushed"] == [2, 4] and out["versions"] == summary["versions"]
+    for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-6), name
+    same = ("step", "loss", "blocks", "accepted_tokens", "rejected_tokens", "supervised_tokens", "est_tau")
+    assert [{k: r[k] for k in same} for r in _rows(tmp_path / "split")] == [{k: r[k] for k in same} for r in rows]
+
+
+def test_stale_records_are_dropped_in_the_loop(tmp_path: Path) -> None:
+    from specopd_trainer.algorithms.draft_opd.loop import train_draft_opd
+
+    server = FakeServer(stale_first=True)  # every request's first record comes from an unknown old drafter
+    train_draft_opd(tiny_drafter(), server, PROMPTS, tmp_path / "r", _cfg(steps=1), push=_pusher(server, []),
+                    progress=False)
+    (row,) = _rows(tmp_path / "r")
+    assert row["unknown_version_records"] == 2 and row["stale_records"] == 0
+    kept = train_draft_opd(tiny_drafter(), FakeServer(stale_first=True), PROMPTS, tmp_path / "k",
+                           _cfg(steps=1, keep_unknown_versions=True), push=_pusher(FakeServer(), []), progress=False)
+    assert kept["metrics"]["unknown_version_records"] == 0
+    assert kept["metrics"]["records"] == row["records"] + 2
+
+
+def test_traffic_mode_trains_on_recorded_requests(tmp_path: Path) -> None:
+    from specopd_trainer.algorithms.draft_opd.loop import train_draft_opd
+
+    server, pushes = FakeServer(), []
+    push = _pusher(server, pushes)
+
+    def record_traffic():  # what clients sent, served by the drafter pushed just before
+        for p in PROMPTS:
+            out = server.generate(p, max_new_tokens=10)
+            server.spool.append({"input_ids": p + out["output_ids"], "prompt_len": len(p),
+                                 "trace": out["meta_info"]["specopd_trace"]})
+
+    record_traffic()  # served by "init" before the run started
+    summary = train_draft_opd(tiny_drafter(), server, [], tmp_path / "t",
+                              _cfg(steps=1, from_traffic=True, push_every=0, purge_traffic=True), push=push, progress=False)
+    assert server.purged == 1 and summary["metrics"]["records"] > 0 and pushes == [1]
+    # the ledger knows "init" (the serving version when the run began): traffic served by it is fresh
+    assert summary["metrics"]["stale_records"] == 0 and summary["metrics"]["unknown_version_records"] == 0
+
+    # no traffic at all: the step waits (polls) and gives up after traffic_wait_s
+    waits = []
+    with pytest.raises(ValueError, match="no usable traffic"):
+        train_draft_opd(tiny_drafter(), FakeServer(), [], tmp_path / "empty",
+                        _cfg(steps=1, from_traffic=True, traffic_wait_s=1e-3), push=_pusher(FakeServer(), []),
+                        progress=False, sleep=waits.append)
+
+
+@pytest.mark.parametrize("options", [{"replay": False}, {"loss": "fkl_only"}, {"loss": "rkl_only"},
+                                     {"anchors": "random"}])
+def test_ablations_run_and_differ_from_the_method(tmp_path: Path, options) -> None:
+    from specopd_trainer.algorithms.draft_opd.loop import train_draft_opd
+
+    def one(name, **kw):
+        server = FakeServer()
+        out = train_draft_opd(tiny_drafter(), server, PROMPTS, tmp_path / name, _cfg(steps=1, **kw),
+                              push=_pusher(server, []), progress=False)
+        return out, server
+
+    base, _ = one("base")
+    abl, server = one("ablation", **options)
+    assert abl["loss"] == abl["loss"] and abl["loss"] != pytest.approx(base["loss"], rel=1e-6)
+    if options.get("replay") is False:  # SFT on the rollout text: features only, no drafted tokens scored
+        assert server.score_calls == 1 and "rejected_tokens" not in abl["metrics"]
+        assert abl["metrics"]["step_supervised_tokens"] > 0

@@ -1,0 +1,69 @@
+"""Parity against a live server: Draft-OPD's replay reproduces, at T=0, the block the server proposed at every
+recorded anchor (the drafter recomputed from the context features the same ``score_trees`` call returns), and
+one Draft-OPD step trains on those blocks.
+
+One CPU SPECOPD server (tiny Llama target, fp32, torch_native) with the visibly non-trivial block-8 drafter of
+:mod:`test_trainer_parity` (weights 10x the init scale, so the argmax depends on context). Rollouts go through the
+Draft-OPD live source (both prompts in flight at once)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_trainer_parity import BLOCK_SIZE, _strong_drafter
+
+pytestmark = pytest.mark.server
+
+PROMPTS = ("def add(a, b):\n    return", "Return the sum of the arguments.", "Hello world")
+NEW_TOKENS = 24
+
+
+def test_replay_reproduces_the_servers_t0_proposals(tiny_target: Path, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from conftest import running_server, tiny_launch_spec
+    from sglang_specopd.app.launch import free_port
+    from specopd_trainer.algorithms.draft_opd.replay import draft_opd_step, select_blocks
+    from specopd_trainer.algorithms.draft_opd.rollouts import live_source
+    from specopd_trainer.algorithms.sequential_opd.rollouts import (block_rows, pack_recorded_blocks,
+                                                                    score_recorded_blocks)
+    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.drafters.dflash import DFlashDrafter
+
+    _strong_drafter(tiny_target, tmp_path / "drafter")
+    tok = AutoTokenizer.from_pretrained(tiny_target)
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    spec = tiny_launch_spec(tiny_target, free_port(), tmp_path / "drafter")
+    spec.block_size = BLOCK_SIZE
+    drafter = DFlashDrafter.from_pretrained(tmp_path / "drafter", tiny_target)
+    g, layers = drafter.block_size - 1, list(drafter.spec.target_layer_ids)
+    with running_server(spec, tmp_path, "draft-opd-parity") as server, SpecOPDClient(server.url) as client:
+        source = live_source(client, prompts, block_size=BLOCK_SIZE, rollout_prompts=len(prompts) * 2,
+                             max_new_tokens=NEW_TOKENS, temperature=0.0, concurrency=len(prompts))
+        rollouts = source(torch.Generator().manual_seed(0))
+        assert all(r.records for r in rollouts)
+        blocks = [pack_recorded_blocks(r.token_ids, [x.as_dict() for x in r.records], g) for r in rollouts]
+        scored = score_recorded_blocks(client, blocks, BLOCK_SIZE, layers)
+        checked, mismatches = 0, []
+        with torch.no_grad():
+            for r, b, sc in zip(rollouts, blocks, scored):
+                _, q = block_rows(drafter, b, sc, "float32")
+                ours = q.view(len(r.records), g, -1).argmax(-1).tolist()
+                for x, mine in zip(r.records, ours):
+                    checked += 1
+                    if list(x.proposed) != mine:
+                        mismatches.append((x.anchor, list(x.proposed), mine))
+        assert checked >= len(rollouts) * (NEW_TOKENS // BLOCK_SIZE)
+        assert not mismatches, f"{len(mismatches)}/{checked} recorded blocks differ (anchor, server, replay): " \
+                               f"{mismatches[:3]}"
+        # the versions per record (or per request) are present, and one Draft-OPD step trains on error anchors
+        selected = select_blocks(rollouts, g, "error", 64, torch.Generator().manual_seed(0))
+        assert selected, "a random drafter must have rejected slots"
+        loss, m = draft_opd_step(drafter, client, selected, layers, head_dtype="float32")
+        loss.backward()
+        assert torch.isfinite(loss) and loss.item() > 0 and m["rejected_tokens"] > 0
+        assert drafter.fc.weight.grad is not None and drafter.fc.weight.grad.abs().sum() > 0
+    assert all(x.drafter_version is not None for r in rollouts for x in r.records)
