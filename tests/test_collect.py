@@ -272,3 +272,26 @@ def test_invalid_record_is_a_typed_error(tiny_tokenizer, tmp_path: Path) -> None
     with SpecOPDClient("http://127.0.0.1:9", retries=0) as client, pytest.raises(InvalidRecordError, match="'id'"):
         regenerate(client, tiny_tokenizer, [{"messages": [{"role": "user", "content": "x"}]}], tmp_path / "c.jsonl",
                    progress=False)
+
+
+def test_a_record_may_carry_its_own_temperature_and_seed(tiny_tokenizer, tmp_path: Path) -> None:
+    """Several samples of one prompt (data/corpus.py): the record's temperature and sampling_seed reach /generate;
+    records without them get the run's temperature."""
+    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.collect import regenerate
+
+    seen = {}
+
+    def handler(path: str, body: dict) -> Tuple[int, dict]:
+        sp = body["sampling_params"]
+        seen[(sp["temperature"], sp.get("sampling_seed"))] = True
+        return 200, {"output_ids": [5, 6], "meta_info": {"finish_reason": {"type": "stop"}}}
+
+    base = make_records(1)[0]
+    records = [base, {**base, "id": base["id"] + "#s1", "temperature": 0.8, "sampling_seed": 1},
+               {**base, "id": base["id"] + "#s2", "temperature": 0.8, "sampling_seed": 2}]
+    with stub_server(handler) as url, SpecOPDClient(url, retries=0) as client:
+        res = regenerate(client, tiny_tokenizer, records, tmp_path / "a.jsonl", max_new_tokens=2, temperature=0.0,
+                         progress=False, concurrency=1)
+    assert res.new == 3
+    assert set(seen) == {(0.0, None), (0.8, 1), (0.8, 2)}

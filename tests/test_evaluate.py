@@ -126,10 +126,11 @@ def test_sampling_params() -> None:
 
 def test_eval_records_are_the_held_out_split(monkeypatch) -> None:
     import specopd_trainer.data as data
+    import specopd_trainer.data.splits as splits
     from specopd_trainer.evaluate import eval_records
 
     recs = make_records(60, prefix="m", domains=("math",))
-    monkeypatch.setattr(data, "load_domain", lambda name, limit=None, seed=0: recs)
+    monkeypatch.setattr(splits, "load_domain", lambda name, limit=None, seed=0: recs)
     held = data.split(recs, eval_fraction=0.1, seed=0)[1]
     assert 0 < len(held) < 60
     assert eval_records("math") == held and eval_records("math", limit=2) == held[:2]

@@ -28,14 +28,14 @@ def test_parse_arm():
 
 
 def test_validation_prompts_are_unseen_by_sft_and_disjoint_from_eval():
-    from specopd_trainer.data import load_domain, split
+    from specopd_trainer.data import domain_split
     from specopd_trainer.evaluate import eval_records
 
     sweep = _sweep()
     val = sweep.validation_records(offset=100, limit=8)
     for d, recs in val.items():
         assert len(recs) == 8
-        train, _ = split(load_domain(d), eval_fraction=0.1, seed=0)
+        train, _ = domain_split(d)
         sft_ids = {r["id"] for r in train[:100]}  # the prompts an SFT run with --per-domain 100 regenerates
         ids = {r["id"] for r in recs}
         assert not ids & sft_ids
@@ -72,8 +72,8 @@ def test_specopd_config_buys_whole_scored_batches():
 
 def test_fresh_references_are_disjoint_from_sft_validation_and_eval_prompts():
     """The comparison's training references (offset 108) overlap neither the SFT start's prompts (first 100 per
-    domain), the validation prompts (100..107) nor the eval split; dialogue has 144 train prompts, so 36."""
-    from specopd_trainer.data import load_domain, split
+    domain), the validation prompts (100..107) nor the eval split; dialogue has 131 train prompts (16% held out), so 23."""
+    from specopd_trainer.data import domain_split
     from specopd_trainer.evaluate import eval_records
     from specopd_trainer.pipeline import train_split_records
 
@@ -81,10 +81,10 @@ def test_fresh_references_are_disjoint_from_sft_validation_and_eval_prompts():
     by_domain = {}
     for r in refs:
         by_domain.setdefault(r["domain"], set()).add(r["id"])
-    assert {d: len(v) for d, v in by_domain.items()} == {"dialogue": 36, "coding": 60, "math": 60, "agentic": 60}
+    assert {d: len(v) for d, v in by_domain.items()} == {"dialogue": 23, "coding": 60, "math": 60, "agentic": 60}
     val = _sweep().validation_records(offset=100, limit=8)
     for d, ids in by_domain.items():
-        train, _ = split(load_domain(d), eval_fraction=0.1, seed=0)
+        train, _ = domain_split(d)
         assert not ids & {r["id"] for r in train[:100]}
         assert not ids & {r["id"] for r in val[d]}
         assert not ids & {r["id"] for r in eval_records(d)}

@@ -93,12 +93,12 @@ def _load_prompts(sess: _Session, data: str, *, per_domain: int, max_prompt_toke
         prompts = [list(r.prompt_ids) for r in iter_responses(path)]
     else:
         from specopd_trainer.collect import chat_prompt_ids
-        from specopd_trainer.data import load_domain, split
+        from specopd_trainer.data import domain_split
 
         tok = sess.tokenizer()
         prompts = []
         for d in domains:
-            train, _ = split(load_domain(d), eval_fraction=0.1, seed=0)
+            train, _ = domain_split(d)
             prompts += [chat_prompt_ids(tok, r["messages"]) for r in train[:per_domain]]
     seen, out = set(), []
     for p in prompts:

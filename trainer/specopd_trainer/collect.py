@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -173,11 +174,32 @@ def _generate_one(client: SpecOPDClient, prompt_ids: List[int], params: Dict[str
     return out, (finish.get("type") if isinstance(finish, dict) else finish)
 
 
+class _LogStatus:
+    """One progress line per ``every_s`` on stderr when it is not a terminal (nohup logs), with an ETA."""
+
+    def __init__(self, enabled: bool, total: Optional[int], already: int, every_s: float = 60.0):
+        self.enabled, self.total, self.already, self.every_s = enabled, total, already, every_s
+        self.t0 = self.last = time.monotonic()
+
+    def tick(self, new: int, tokens: int) -> None:
+        now = time.monotonic()
+        if not self.enabled or now - self.last < self.every_s:
+            return
+        self.last = now
+        rate = new / (now - self.t0)
+        left = (self.total - self.already - new) if self.total is not None else None
+        eta = f", ETA {left / rate / 60:.0f} min" if left is not None and rate > 0 else ""
+        print(f"regenerate: {self.already + new}/{self.total or '?'} responses (+{new} this run), "
+              f"{tokens / (now - self.t0):.1f} tok/s{eta}", file=sys.stderr, flush=True)
+
+
 def _progress(enabled: bool):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
 
     return Progress(TextColumn("[bold]regenerate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("{task.fields[tps]:.1f} tok/s"), disable=not enabled, transient=False)
+                    TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[tps]:.1f} tok/s"),
+                    disable=not enabled, transient=False)
 
 
 def regenerate(client: SpecOPDClient, tokenizer: Any, records: Iterable[Mapping[str, Any]],
@@ -189,8 +211,9 @@ def regenerate(client: SpecOPDClient, tokenizer: Any, records: Iterable[Mapping[
         client: a :class:`SpecOPDClient` on the live server (it retries with backoff itself; it is shared by
             the ``concurrency`` worker threads, httpx clients being thread-safe).
         tokenizer: the target's tokenizer (its chat template renders the prompts).
-        records: prompt records ``{"id", "domain", "messages"}``; any iterable, consumed lazily.
-        max_new_tokens: response budget per prompt, in tokens. temperature: 0 = greedy.
+        records: prompt records ``{"id", "domain", "messages"}``; any iterable, consumed lazily. A record may carry
+            its own ``temperature`` and ``sampling_seed`` (several samples of one prompt, :mod:`.data.corpus`).
+        max_new_tokens: response budget per prompt, in tokens. temperature: 0 = greedy (records without their own).
         max_prompt_tokens: templated prompts longer than this (tokens) are skipped, counted and never sent.
         concurrency: requests in flight at once (at most ``2 * concurrency`` records are read ahead).
 
@@ -217,6 +240,7 @@ def regenerate(client: SpecOPDClient, tokenizer: Any, records: Iterable[Mapping[
     fatal: Optional[BaseException] = None
     t0 = time.monotonic()
     pending: Dict[Future, Tuple[str, str, List[int]]] = {}
+    status = _LogStatus(progress and not sys.stderr.isatty(), total, already)
 
     with _progress(progress) as bar, ThreadPoolExecutor(concurrency, "specopd-collect") as pool, \
             open(path, "ab") as fh:
@@ -250,6 +274,7 @@ def regenerate(client: SpecOPDClient, tokenizer: Any, records: Iterable[Mapping[
                     counts["prompt_tokens"] += len(prompt)
                     counts["response_tokens"] += len(out)
                     bar.update(task, advance=1, tps=counts["response_tokens"] / max(time.monotonic() - t0, 1e-9))
+                    status.tick(counts["new"], counts["response_tokens"])
                 if fatal is not None:
                     for fut in pending:
                         fut.cancel()  # not yet started: never sent; running ones finish and are still written
@@ -273,7 +298,8 @@ def regenerate(client: SpecOPDClient, tokenizer: Any, records: Iterable[Mapping[
                     too_long_ids.append(rid)
                 bar.advance(task)
                 continue
-            pending[pool.submit(_generate_one, client, prompt, params)] = (rid, str(rec.get("domain", "")), prompt)
+            own = {k: rec[k] for k in ("temperature", "sampling_seed") if rec.get(k) is not None}
+            pending[pool.submit(_generate_one, client, prompt, {**params, **own} if own else params)] = (rid, str(rec.get("domain", "")), prompt)
             drain(block_until_empty=False)
         drain(block_until_empty=True)
 

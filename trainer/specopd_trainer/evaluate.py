@@ -1,6 +1,6 @@
 """Acceptance length (tau) per domain on a running speculative-decoding server, from SGLang's own statistics.
 
-Held-out prompts of each domain (the eval split ``split(load_domain(d), eval_fraction=0.1, seed=0)[1]``, first
+Held-out prompts of each domain (the eval split ``domain_split(d)[1]``: 10% of each domain, 16% of dialogue, first
 ``limit``) are rendered with the target's chat template and sent to ``/generate`` concurrently. For every request
 SGLang reports in ``meta_info``: ``completion_tokens``, ``spec_verify_ct`` (verify steps), ``spec_accept_length``
 (= completion_tokens / spec_verify_ct, so the token from the prefill counts) and
@@ -25,8 +25,6 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from specopd_trainer.client import ServerError, SpecOPDClient
 from specopd_trainer.collect import chat_prompt_ids
 
-EVAL_FRACTION = 0.1
-EVAL_SEED = 0
 DOMAINS = ("dialogue", "coding", "math", "agentic")
 
 
@@ -63,13 +61,13 @@ class RequestStats:
 
 
 def eval_records(domain: str, limit: Optional[int] = None) -> List[Dict[str, Any]]:
-    """The first ``limit`` held-out records of ``domain`` (``split(load_domain(d), 0.1, seed=0)[1]``).
+    """The first ``limit`` held-out records of ``domain`` (``specopd_trainer.data.domain_split(d)[1]``).
 
     Raises the data module's errors (``UnknownDomainError``, ``DataSourceError``).
     """
-    from specopd_trainer.data import load_domain, split
+    from specopd_trainer.data import domain_split
 
-    held = split(load_domain(domain), eval_fraction=EVAL_FRACTION, seed=EVAL_SEED)[1]
+    held = domain_split(domain)[1]
     return list(held if limit is None else held[:limit])
 
 

@@ -37,11 +37,11 @@ def train_split_records(offset: int, per_domain: int, domains: Sequence[str] = D
     in domain order. Disjoint ranges give disjoint prompt sets: the SFT data (``[0, per_domain)`` in
     :func:`prepare_sequences`), validation and fresh reference sets are carved out this way; the eval split never
     enters."""
-    from specopd_trainer.data import load_domain, split
+    from specopd_trainer.data import domain_split
 
     out: List[dict] = []
     for d in domains:
-        train, _ = split(load_domain(d), eval_fraction=0.1, seed=0)
+        train, _ = domain_split(d)
         out += list(train[offset:offset + per_domain])
     return out
 

@@ -11,6 +11,7 @@ from specopd_trainer.data.records import (
     load_jsonl,
     split,
 )
+from specopd_trainer.data.splits import domain_split, eval_fraction
 
 __all__ = ["DOMAINS", "DataError", "DataFormatError", "DataSourceError", "PromptRecord", "UnknownDomainError",
-           "dedupe", "load_domain", "load_jsonl", "split"]
+           "dedupe", "domain_split", "eval_fraction", "load_domain", "load_jsonl", "split"]

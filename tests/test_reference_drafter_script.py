@@ -1,0 +1,52 @@
+"""benchmarks/reference_drafter.py: corpus records, the stable walk-tau hold-out and the plateau curve."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from _scripts import load_benchmark
+
+
+def test_holdout_is_stable_as_the_corpus_grows_and_capped() -> None:
+    rd = load_benchmark("reference_drafter")
+    small = [f"x/{i}" for i in range(500)]
+    big = small + [f"y/{i}" for i in range(500)]
+    h_small, h_big = rd.holdout_ids(small, fraction=0.05, cap=1000), rd.holdout_ids(big, fraction=0.05, cap=1000)
+    assert 10 <= len(h_small) <= 45
+    assert h_small <= h_big  # growing the corpus never moves a held-out sequence back into training
+    assert len(rd.holdout_ids(big, fraction=0.05, cap=7)) == 7
+
+
+def test_plateau_keeps_each_new_walk_tau_once(tmp_path: Path) -> None:
+    rd = load_benchmark("reference_drafter")
+    (tmp_path / "sft").mkdir()
+    rows = [{"step": 1, "loss": 9.0, "eval_walk_tau": float("nan")},
+            {"step": 200, "loss": 5.0, "eval_walk_tau": 1.2}, {"step": 201, "loss": 5.0, "eval_walk_tau": 1.2},
+            {"step": 400, "loss": 4.0, "eval_walk_tau": 1.3}]
+    (tmp_path / "sft" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert rd.plateau(tmp_path) == [{"step": 200, "walk_tau": 1.2, "loss": 5.0},
+                                    {"step": 400, "walk_tau": 1.3, "loss": 4.0}]
+    assert rd.plateau(tmp_path / "missing") == []
+
+
+def test_corpus_interleaves_domains_samples_scarce_ones_and_excludes_held_out() -> None:
+    from specopd_trainer.data import domain_split
+    from specopd_trainer.data.corpus import CorpusSpec, corpus_records, corpus_size
+
+    spec = CorpusSpec(samples={"dialogue": 3, "coding": 1, "math": 1, "agentic": 0}, math_problems=200)
+    recs = list(corpus_records(spec))
+    assert [r["domain"] for r in recs[:6]] == ["dialogue", "coding", "math", "dialogue", "coding", "math"]
+    sizes = corpus_size(spec)
+    assert sizes["agentic"] == 0 and sizes["dialogue"] == 3 * len(domain_split("dialogue")[0])
+    assert len(recs) == sum(sizes.values()) and len({r["id"] for r in recs}) == len(recs)
+    extra = [r for r in recs if "#s" in r["id"]]
+    assert extra and all(r["temperature"] == 0.8 and r["sampling_seed"] in (1, 2) for r in extra)
+    assert all("temperature" not in r for r in recs if "#s" not in r["id"])
+    held = {r["id"] for d in ("dialogue", "coding", "math") for r in domain_split(d, limit=200 if d == "math"
+                                                                                   else None)[1]}
+    assert not held & {r["id"].split("#")[0] for r in recs}
+    # the benchmark's held-out math problems (first 1000 generated) stay held out in a bigger corpus
+    bench_held = {r["id"] for r in domain_split("math")[1]}
+    big = {r["id"] for r in corpus_records(CorpusSpec(samples={"math": 1}, math_problems=3000))}
+    assert not bench_held & big
