@@ -618,3 +618,24 @@ def test_launched_tiny_servers_record_consistent_spec_stats(tiny_serving_target:
     back = json.loads(path.read_text())
     assert back["levels"][0][SPEC]["per_request"][0]["histogram"] == list(
         res["levels"][0][SPEC]["per_request"][0]["histogram"]) and back["machine"]["cores"] >= 1
+
+
+def test_results_summary_reads_the_new_result_files() -> None:
+    """cpu_attention, reference_corpus and draft_opd_live_traffic each give one headline line with their numbers."""
+    from sglang_specopd.app.bench.report_summary import results_summary
+
+    results = {
+        "cpu_attention_smollm2_cpu.json": {"speedup_batched_over_loop": {
+            "8": {"plain_tokens_per_s": 1.5, "specopd_tokens_per_s": 1.25},
+            "1": {"plain_tokens_per_s": 1.0, "specopd_tokens_per_s": 1.04}}},
+        "reference_corpus_smollm2_cpu.json": {"response_tokens": 123456, "concurrency": 48, "features_cached": 0,
+                                              "per_domain": {"math": {"response_tokens": 123456}},
+                                              "this_run": {"generate_tokens_per_s": 210.0}},
+        "draft_opd_live_traffic_smollm2_cpu.json": {"live_traffic": {
+            "minutes": 15, "tau_before": 1.25, "tau_after": 1.31, "pushes": 7, "serving_errors": 0,
+            "requests_served": 420}},
+    }
+    text = "\n".join(results_summary(results))
+    assert "at concurrency 1 / 8: plain serving 1.00x / 1.50x, SPECOPD 1.04x / 1.25x" in text
+    assert "123,456 target response tokens" in text and "math 123,456" in text and "210 response" in text
+    assert "420 requests served, 7 hot pushes, 0 serving errors; traffic tau 1.250 before training -> 1.310" in text

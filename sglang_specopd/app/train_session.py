@@ -55,7 +55,7 @@ class _Session:
             self._check_push()
         else:
             say(f"no --admin-key ({ADMIN_KEY_ENV}): the trained drafter will not be pushed into the server")
-        self.client = SpecOPDClient(self.url, api_key=api_key)
+        self.client = SpecOPDClient(self.url, api_key=api_key, admin_api_key=self.admin_key)
 
     def _resolve_target(self, target: Optional[str]) -> Path:
         from sglang_specopd.app.models import TargetNotFoundError, resolve_target

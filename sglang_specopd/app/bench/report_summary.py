@@ -161,6 +161,39 @@ def _kernels(name: str, data: Mapping[str, Any]) -> List[str]:
             "kernels were run on a GPU, not the server or the trainer."]
 
 
+def _cpu_attention(name: str, data: Mapping[str, Any]) -> List[str]:
+    ratio = data.get("speedup_batched_over_loop") or {}
+    levels = sorted(ratio, key=lambda c: int(c))
+    if not levels:
+        return []
+    plain = " / ".join(_f(ratio[c]["plain_tokens_per_s"]) + "x" for c in levels)
+    spec = " / ".join(_f(ratio[c]["specopd_tokens_per_s"]) + "x" for c in levels)
+    return [f"- **Batched CPU attention** (`{name}`): output tokens/s with one SDPA call per group of requests over "
+            f"SGLang's per-request loop, at concurrency {' / '.join(levels)}: plain serving {plain}, SPECOPD {spec}."]
+
+
+def _corpus(name: str, data: Mapping[str, Any]) -> List[str]:
+    per = data.get("per_domain") or {}
+    run = data.get("this_run") or {}
+    if not per:
+        return []
+    doms = ", ".join(f"{d} {_int(v.get('response_tokens'))}" for d, v in per.items())
+    return [f"- **Reference corpus, in progress** (`{name}`): {_int(data.get('response_tokens'))} target response "
+            f"tokens collected of the ~1M aimed at ({doms}); the last run generated "
+            f"{_f(run.get('generate_tokens_per_s'), 0)} response tokens/s at concurrency {data.get('concurrency', '?')}; "
+            f"features cached for {_int(data.get('features_cached'))} responses."]
+
+
+def _live_traffic(name: str, data: Mapping[str, Any]) -> List[str]:
+    lt = data.get("live_traffic") or data
+    if not _num(lt.get("tau_before")):
+        return []
+    return [f"- **Draft-OPD on live traffic** (`{name}`): {_f(lt.get('minutes'), 0)} min of traffic, "
+            f"{_int(lt.get('requests_served'))} requests served, {lt.get('pushes', '?')} hot pushes, "
+            f"{lt.get('serving_errors', '?')} serving errors; traffic tau {_f(lt.get('tau_before'), 3)} before training "
+            f"-> {_f(lt.get('tau_after'), 3)} at the end (different requests in each window: not a paired comparison)."]
+
+
 def results_summary(results: Mapping[str, Mapping[str, Any]], results_dir: str = "benchmarks/results") -> List[str]:
     """Markdown lines: a short preface and one headline item per result file present (see the module doc)."""
     lines = [f"Headline numbers, each read from the file it names in `{results_dir}/` (which records the command, "
@@ -176,6 +209,10 @@ def results_summary(results: Mapping[str, Mapping[str, Any]], results_dir: str =
     if "serve_smollm2_cpu.json" in results:
         items += _greedy_identity("serve_smollm2_cpu.json", results["serve_smollm2_cpu.json"])
     items += _sft(("sft_smollm2_cpu.json", "sft_smollm2_big_cpu.json"), results)
+    for name, fn in (("cpu_attention_smollm2_cpu.json", _cpu_attention), ("reference_corpus_smollm2_cpu.json", _corpus),
+                     ("draft_opd_live_traffic_smollm2_cpu.json", _live_traffic)):
+        if name in results:
+            items += fn(name, results[name])
     if "kernels_gpu.json" in results:
         items += _kernels("kernels_gpu.json", results["kernels_gpu.json"])
     return lines + (items or ["No result file yet."])
