@@ -102,17 +102,17 @@ def test_switch_off_runs_one_request_per_call(monkeypatch) -> None:
     import sglang_specopd.server.cpu.batched_attention as ba
 
     calls = []
-    real = torch.nn.functional.scaled_dot_product_attention
+    real = ba._attend
 
-    def counting(*a, **k):
-        calls.append(a[0].shape[0])
-        return real(*a, **k)
+    def counting(q, *a, **k):
+        calls.append(q.shape[0])
+        return real(q, *a, **k)
 
     pre, block = [4, 9, 2], 3
     lens = [p + block for p in pre]
     k_cache, v_cache, r2t, rows = _pool(3, lens, 2, 8, torch.float32, seed=11)
     q = torch.randn(9, 4, 8)
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counting)
+    monkeypatch.setattr(ba, "_attend", counting)
     on = ba.batched_verify_attention(q, k_cache, v_cache, r2t, rows, torch.tensor(pre), block, True, None, True,
                                      torch.empty(9, 4, 8))
     assert calls == [3]
