@@ -71,7 +71,7 @@ def test_config_keys_reach_the_server_environment() -> None:
     from sglang_specopd.app.serve import shipped_configs_dir
 
     cfg = ServeConfig.load(shipped_configs_dir() / "cpu-smollm2.yaml")
-    assert (cfg.score_trees_budget_tokens, cfg.score_trees_queue_max, cfg.score_trees_max_request_mb) == (256, 4, 1024)
+    assert (cfg.score_trees_budget_tokens, cfg.score_trees_queue_max, cfg.score_trees_max_request_mb) == (64, 4, 1024)
     spec = LaunchSpec(model_path="x", device="cpu", score_budget_tokens=64, score_queue_max=1, score_max_request_mb=9)
     env = server_env("cpu", base={}, score=spec.score_settings())
     assert (env[BUDGET_ENV], env[QUEUE_MAX_ENV], env[MAX_REQUEST_MB_ENV]) == ("64", "1", "9")
