@@ -27,6 +27,9 @@ from sglang_specopd.app.bench.report_summary import SUMMARY_END, SUMMARY_START, 
 
 KNOWN_FILES = ("serve_smollm2_cpu.json", "sft_smollm2_cpu.json", "sft_smollm2_big_cpu.json",
                "specopd_smollm2_cpu.json", "tree_scoring_cpu.json", "kernels_gpu.json")
+# read when present, no "skipped" note when absent (results of work in progress)
+OPTIONAL_FILES = ("cpu_attention_smollm2_cpu.json", "reference_corpus_smollm2_cpu.json",
+                  "draft_opd_live_traffic_smollm2_cpu.json")
 CONCURRENCY_GLOB = "concurrency_*.json"
 SWEEP_GLOB = "specopd_sweep*_smollm2_cpu.json"
 DOMAIN_ORDER = ("dialogue", "coding", "math", "agentic")
@@ -52,7 +55,8 @@ def load_results(results_dir: Path) -> Tuple[Dict[str, Dict[str, Any]], List[str
     if not conc:
         notes.append(f"`{CONCURRENCY_GLOB}`: no file in {results_dir} (skipped)")
     sweeps = sorted(results_dir.glob(SWEEP_GLOB)) if results_dir.is_dir() else []
-    for path in conc + [results_dir / n for n in KNOWN_FILES] + sweeps:
+    optional = [results_dir / n for n in OPTIONAL_FILES if (results_dir / n).is_file()]
+    for path in conc + [results_dir / n for n in KNOWN_FILES] + sweeps + optional:
         if not path.is_file():
             notes.append(f"`{path.name}`: not present (skipped)")
             continue
