@@ -168,7 +168,8 @@ def _cpu_attention(name: str, data: Mapping[str, Any]) -> List[str]:
         return []
     plain = " / ".join(_f(ratio[c]["plain_tokens_per_s"]) + "x" for c in levels)
     spec = " / ".join(_f(ratio[c]["specopd_tokens_per_s"]) + "x" for c in levels)
-    return [f"- **Batched CPU attention** (`{name}`): output tokens/s with the requests of a batch attended together (index_select gather, float32 matmuls) over "
+    return [f"- **Batched CPU attention** (`{name}`): output tokens/s with the requests of a batch attended "
+            "together (index_select gather, float32 matmuls) over "
             f"SGLang's per-request loop, at concurrency {' / '.join(levels)}: plain serving {plain}, SPECOPD {spec}."]
 
 
