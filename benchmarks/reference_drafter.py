@@ -8,7 +8,9 @@ Stages (each resumable; run them in order, one at a time, on a quiet machine for
 
 ``collect`` regenerates the corpus of :mod:`specopd_trainer.data.corpus` (every train prompt of the four domains,
 extra T=0.8 samples for dialogue and agentic) at ``--concurrency`` requests in flight, appends each response to
-``RUN/data/responses.jsonl`` as it finishes, then fetches the drafter's context features through
+``RUN/data/responses.jsonl`` as it finishes (first importing the responses committed in ``benchmarks/data/
+reference_corpus/`` and afterwards adding a shard of the new ones there: commit it, so a new machine resumes
+rather than regenerates; ``snapshot`` does only that), then fetches the drafter's context features through
 ``/specopd/score_trees`` into ``RUN/data/features/`` shards (both resume). It writes
 ``benchmarks/results/reference_corpus_smollm2_cpu.json``: tokens per domain, generation and feature tokens/s,
 and where the time went.
@@ -26,6 +28,7 @@ from pathlib import Path
 DOMAINS = ["dialogue", "coding", "math", "agentic"]
 RUN = Path("runs/reference_drafter")
 RESULTS = Path("benchmarks/results")
+SNAPSHOT = Path("benchmarks/data/reference_corpus")  # committed gzip shards of the responses (data/snapshot.py)
 
 
 def _corpus_stats(responses: Path) -> dict:
@@ -77,8 +80,9 @@ def collect(args) -> int:
     from sglang_specopd.app.results import write_result
     from sglang_specopd.app.serve import config_path, launch_spec
     from specopd_trainer.client import SpecOPDClient
-    from specopd_trainer.collect import iter_responses, regenerate
+    from specopd_trainer.collect import chat_prompt_ids, iter_responses, regenerate
     from specopd_trainer.data.corpus import CorpusSpec, corpus_records, corpus_size
+    from specopd_trainer.data.snapshot import import_snapshot, write_shard
     from specopd_trainer.drafters.dflash import DFlashDrafter
     from specopd_trainer.features import FeatureStore
 
@@ -89,17 +93,28 @@ def collect(args) -> int:
     tok = AutoTokenizer.from_pretrained(target)
     layer_ids = list(DFlashDrafter.from_pretrained(init_drafter_dir(run, target), target).spec.target_layer_ids)
     spec = CorpusSpec(math_problems=args.math_problems)
-    plain = ServeConfig.load(config_path(args.config))
+    # the feature pass is this server's only work: score each batch whole, not in 64-row pieces between decode
+    # steps (the interleaving that protects serving latency, docs/score_trees.md)
+    plain = ServeConfig.load(config_path(args.config)).model_copy(update={"score_trees_budget_tokens": 0})
     timings = {}
+    records = list(corpus_records(spec))
+    if not args.no_snapshot:  # the responses earlier sessions committed: never generated twice
+        t1 = time.monotonic()
+        got = import_snapshot(SNAPSHOT, data / "responses.jsonl", {r["id"]: r for r in records},
+                              lambda r: chat_prompt_ids(tok, r["messages"]))
+        timings["snapshot_import_s"] = time.monotonic() - t1
+        print(f"snapshot {SNAPSHOT}: {got}", file=sys.stderr)
     t0 = time.monotonic()
     with SGLangServer(launch_spec(plain, port=args.port)) as server, SpecOPDClient(server.url) as client:
         timings["server_start_s"] = time.monotonic() - t0
         t1 = time.monotonic()
         deadline = t1 + 60 * args.generate_minutes if args.generate_minutes else None
-        cache = regenerate(client, tok, _UntilDeadline(list(corpus_records(spec)), deadline), data / "responses.jsonl",
+        cache = regenerate(client, tok, _UntilDeadline(records, deadline), data / "responses.jsonl",
                            max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
                            concurrency=args.concurrency)
         timings["generate_s"] = time.monotonic() - t1
+        if not args.no_snapshot and (shard := write_shard(data / "responses.jsonl", SNAPSHOT)):
+            print(f"new snapshot shard {shard} (commit it: the next machine starts from it)", file=sys.stderr)
         t1 = time.monotonic()
         added, feat_tokens = 0, 0
         if not args.no_features:
@@ -128,6 +143,15 @@ def collect(args) -> int:
     write_result(out, payload, command="python " + " ".join(sys.argv))
     print(json.dumps({k: payload[k] for k in ("response_tokens", "prompt_tokens")} | payload["this_run"], indent=1),
           file=sys.stderr)
+    return 0
+
+
+def snapshot(args) -> int:
+    """Write the collected responses that no committed shard holds yet as a new shard (see data/snapshot.py)."""
+    from specopd_trainer.data.snapshot import write_shard
+
+    shard = write_shard(Path(args.run_dir) / "data" / "responses.jsonl", SNAPSHOT)
+    print(f"new shard {shard} ({shard.stat().st_size} bytes)" if shard else "nothing new to snapshot", file=sys.stderr)
     return 0
 
 
@@ -281,6 +305,10 @@ def main(argv=None) -> int:
     c.add_argument("--generate-minutes", type=float, default=None,
                    help="send no new request after N minutes (resumable: the next run continues)")
     c.add_argument("--no-features", action="store_true", help="generate only; fetch the features in a later run")
+    c.add_argument("--no-snapshot", action="store_true",
+                   help=f"neither import the committed responses ({SNAPSHOT}) nor add a shard of the new ones")
+    sn = sub.add_parser("snapshot", help=f"add the responses no shard holds yet to {SNAPSHOT} (commit it)")
+    sn.add_argument("--run-dir", default=str(RUN))
     t = sub.add_parser("sft", help="SFT on the collected corpus (resumes; schedule over --steps)")
     t.add_argument("--run-dir", default=str(RUN))
     t.add_argument("--steps", type=int, default=20000)
@@ -303,7 +331,7 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(2)
-    return {"collect": collect, "sft": sft, "report": report}[args.stage](args)
+    return {"collect": collect, "sft": sft, "report": report, "snapshot": snapshot}[args.stage](args)
 
 
 if __name__ == "__main__":

@@ -228,7 +228,7 @@ def test_bad_options_fail_before_anything_starts(tmp_path: Path, capsys):
 def test_serve_config_sets_drafter_and_spool(tmp_path: Path):
     cfg = MOD.serve_config("cpu-smollm2", str(tmp_path), 64)
     assert cfg.traffic_spool_mb == 64 and cfg.drafter == str(tmp_path.resolve())
-    assert cfg.dtype == "bfloat16" and cfg.speculative_algorithm == "SPECOPD"
+    assert cfg.dtype == "auto" and cfg.speculative_algorithm == "SPECOPD"
     with pytest.raises(MOD.LiveTrafficError, match="traffic_spool_mb=-1"):
         MOD.serve_config("cpu-smollm2", str(tmp_path), -1)
 

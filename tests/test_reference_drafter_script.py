@@ -50,3 +50,19 @@ def test_corpus_interleaves_domains_samples_scarce_ones_and_excludes_held_out() 
     bench_held = {r["id"] for r in domain_split("math")[1]}
     big = {r["id"] for r in corpus_records(CorpusSpec(samples={"math": 1}, math_problems=3000))}
     assert not bench_held & big
+
+
+def test_snapshot_stage_adds_a_shard_of_new_responses_only(tmp_path: Path, monkeypatch, capsys) -> None:
+    from specopd_trainer.data.snapshot import iter_snapshot
+
+    rd = load_benchmark("reference_drafter")
+    monkeypatch.setattr(rd, "SNAPSHOT", tmp_path / "snap")
+    data = tmp_path / "run" / "data"
+    data.mkdir(parents=True)
+    rec = {"id": "math-1", "domain": "math", "prompt_ids": [1, 2], "response_ids": [3, 4, 5], "finish_reason": "stop"}
+    (data / "responses.jsonl").write_text(json.dumps(rec) + "\n")
+    assert rd.main(["snapshot", "--run-dir", str(tmp_path / "run")]) == 0
+    assert "responses-000.jsonl.gz" in capsys.readouterr().err
+    assert [r["id"] for r in iter_snapshot(tmp_path / "snap")] == ["math-1"]
+    assert rd.main(["snapshot", "--run-dir", str(tmp_path / "run")]) == 0
+    assert "nothing new" in capsys.readouterr().err

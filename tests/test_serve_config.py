@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from sglang_specopd.app.config import ConfigError, ServeConfig
+from sglang_specopd.app.cpu_dtype import cpu_has_native_bf16
 from sglang_specopd.app.serve import config_path, launch_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,6 +106,30 @@ def test_every_shipped_config_loads(path: Path) -> None:
         assert cfg.checked_on_gpu is False
 
 
+@pytest.mark.parametrize("device,dtype,flags,want", [
+    ("cpu", "auto", ["fma", "avx2"], "float32"),                      # AVX2 only: bf16 would be emulated
+    ("cpu", "auto", ["avx512f", "avx512bw"], "float32"),              # AVX-512 without bf16 arithmetic
+    ("cpu", "auto", ["avx512f", "avx512_bf16"], "bfloat16"),
+    ("cpu", "auto", ["amx_tile", "amx_bf16"], "bfloat16"),
+    ("cpu", "bfloat16", ["avx2"], "bfloat16"),                         # an explicit dtype is never changed
+    ("cpu", "float32", ["avx512_bf16"], "float32"),
+    ("cuda", "auto", [], "auto"),                                      # GPU: SGLang resolves auto itself
+])
+def test_cpu_auto_dtype_follows_native_bf16(device, dtype, flags, want) -> None:
+    from sglang_specopd.app.cpu_dtype import resolve_dtype
+
+    assert resolve_dtype(device, dtype, flags) == want
+
+
+def test_cpu_flags_parse_cpuinfo(tmp_path: Path) -> None:
+    from sglang_specopd.app.cpu_dtype import cpu_flags
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: X\nflags\t\t: fpu avx2 amx_bf16\n\nprocessor\t: 1\nflags : sse\n")
+    assert cpu_flags(info) == frozenset({"fpu", "avx2", "amx_bf16"})
+    assert cpu_flags(tmp_path / "absent") == frozenset()
+
+
 def test_cpu_configs_build_the_cpu_launch_flags(tiny_target: Path, tiny_drafter: Path) -> None:
     """launch_spec on each shipped CPU config (target/drafter swapped for the tiny ones) gives SGLang's CPU flags."""
     from sglang_specopd.app.launch import free_port
@@ -117,7 +142,8 @@ def test_cpu_configs_build_the_cpu_launch_flags(tiny_target: Path, tiny_drafter:
                                      "block_size": 4 if drafter else cfg.block_size})
         argv = launch_spec(cfg, port=free_port(), extra_args=["--log-level", "warning"]).argv()
         joined = " ".join(argv)
-        for flag in ("--device cpu", f"--dtype {cfg.dtype}", "--attention-backend torch_native",
+        dtype = {"auto": "bfloat16" if cpu_has_native_bf16() else "float32"}.get(cfg.dtype, cfg.dtype)
+        for flag in ("--device cpu", f"--dtype {dtype}", "--attention-backend torch_native",
                      f"--max-total-tokens {cfg.max_total_tokens}", "--disable-cuda-graph",
                      "--disable-overlap-schedule", "--sleep-on-idle"):
             assert flag in joined, (cfg.name, flag, argv)

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
+from sglang_specopd.app.cpu_dtype import resolve_dtype
+
 from soak.procs import start_trainer, stop_trainer, wait_until
 from soak.proxy import CountingProxy, monotonic_clock
 from soak.session import ADMIN_KEY, drafter_info, pinned_server
@@ -155,7 +157,8 @@ def run_live(args, cfg, cores) -> Dict[str, Any]:
                  "skipped_too_long": skipped, "max_prompt_tokens": args.max_prompt_tokens,
                  "requests_log": str(run_dir / "requests.jsonl"), "after_end_s": round(t_trainer_end - t_end, 3)},
         "spool": {"purged_before_traffic": purged, "stats_at_end": spool},
-        "server": {"config": cfg.name, "dtype": cfg.dtype, "traffic_spool_mb": cfg.traffic_spool_mb,
+        "server": {"config": cfg.name, "dtype": resolve_dtype(cfg.device, cfg.dtype),
+                   "traffic_spool_mb": cfg.traffic_spool_mb,
                    "log": str(run_dir / "server.log"),
                    "pinning": {"server_cores": sorted(cores[0]) if cores[0] else None,
                                "client_cores": sorted(cores[1]) if cores[1] else None}},

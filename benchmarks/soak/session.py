@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
+from sglang_specopd.app.cpu_dtype import resolve_dtype
+
 from .fuzz import Fuzzer
 from .procs import (LoadStreams, RssSampler, greedy_probes, pin_session, start_trainer, stop_trainer,
                     trainer_command, trainer_metrics, wait_until)
@@ -173,7 +175,8 @@ def run_soak(args, cfg, budget: int, cores) -> Dict[str, Any]:
                  "temperature": 0.0, "ignore_eos": True},
         "probes": {"ids": [p.id for p in probes], "max_new_tokens": args.probe_tokens, "before": before,
                    "after": after, "note": "fp32 server; compared with the trained drafter serving (lossless)"},
-        "server": {"config": cfg.name, "dtype": cfg.dtype, "log": str(run_dir / "server.log")},
+        "server": {"config": cfg.name, "dtype": resolve_dtype(cfg.device, cfg.dtype),
+                   "log": str(run_dir / "server.log")},
         "pinning": {"server_cores": sorted(cores[0]) if cores[0] else None,
                     "client_cores": sorted(cores[1]) if cores[1] else None, "scheduler_affinity": affinity},
     }

@@ -38,7 +38,11 @@ def _cpu_model() -> str:
 
 
 def machine_info() -> Dict[str, Any]:
-    """CPU model, core count, GPU (name or None) and memory in GiB."""
+    """CPU model, its widest SIMD level (torch's ``get_cpu_capability``, e.g. ``AVX2``, ``AVX512``), whether it has
+    native bf16 (the CPU serving dtype follows it, :mod:`sglang_specopd.app.cpu_dtype`), core count, GPU (name or
+    None) and memory in GiB."""
+    from sglang_specopd.app.cpu_dtype import cpu_has_native_bf16
+
     gpu = None
     try:
         import torch
@@ -52,7 +56,15 @@ def machine_info() -> Dict[str, Any]:
         mem_gib = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
     except (ValueError, OSError):
         pass
-    return {"cpu": _cpu_model(), "cores": os.cpu_count(), "gpu": gpu, "memory_gib": mem_gib}
+    simd = None
+    try:
+        import torch
+
+        simd = torch.backends.cpu.get_cpu_capability()
+    except Exception:  # torch missing or too old
+        simd = None
+    return {"cpu": _cpu_model(), "cpu_simd": simd, "cpu_native_bf16": cpu_has_native_bf16(), "cores": os.cpu_count(),
+            "gpu": gpu, "memory_gib": mem_gib}
 
 
 def versions() -> Dict[str, Any]:

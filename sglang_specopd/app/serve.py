@@ -64,6 +64,7 @@ def launch_spec(cfg: ServeConfig, *, host: str = "127.0.0.1", port: int = 30000,
     ``drafter`` overrides the config's drafter (a directory). Raises :class:`ServeError` subclasses:
     ``TargetNotFoundError`` (wrapped), :class:`DrafterInvalidError`, ``PortInUseError``.
     """
+    from sglang_specopd.app.cpu_dtype import resolve_dtype
     from sglang_specopd.app.models import ModelsError, resolve_target
 
     if drafter is not None:
@@ -75,7 +76,7 @@ def launch_spec(cfg: ServeConfig, *, host: str = "127.0.0.1", port: int = 30000,
     drafter_dir = resolve_drafter(cfg, target)
     check_port_free(host, port)
     return LaunchSpec(
-        model_path=str(target), host=host, port=port, device=cfg.device, dtype=cfg.dtype,
+        model_path=str(target), host=host, port=port, device=cfg.device, dtype=resolve_dtype(cfg.device, cfg.dtype),
         drafter_path=str(drafter_dir) if drafter_dir else None,
         speculative_algorithm=cfg.speculative_algorithm if drafter_dir else None,
         block_size=cfg.block_size, attention_backend=cfg.attention_backend, max_total_tokens=cfg.max_total_tokens,
