@@ -3,9 +3,9 @@
 A CPU config may say ``dtype: auto``. On GPU, ``auto`` goes to SGLang as is (the checkpoint's dtype). On CPU it
 is resolved here, before launch, from the CPU's instruction set: ``bfloat16`` when the CPU has native bf16
 arithmetic (``avx512_bf16`` or ``amx_bf16`` in ``/proc/cpuinfo``), else ``float32``. Without native bf16, oneDNN
-emulates bf16 matmuls: on an AVX2-only AMD EPYC a [2048 x 576] x [576 x 1536] linear ran at 13 GFLOP/s in bf16
-against 129 in fp32 (2 threads), and a SmolLM2 prefill at ~42 tok/s in bf16 (docs/journal.md, session 12). One
-of the CPU adaptations listed in docs/cpu_adaptations.md; explicit dtypes in a config are never changed.
+emulates bf16 matmuls: on an AVX2-only AMD EPYC SmolLM2's prefill ran 9.0x (1 thread) / 12.6x (2 threads) slower
+in bf16 than in float32 (``benchmarks/cpu_dtype.py``, ``benchmarks/results/cpu_dtype_cpu.json``). One of the CPU
+adaptations listed in docs/cpu_adaptations.md; explicit dtypes in a config are never changed.
 """
 
 from __future__ import annotations
