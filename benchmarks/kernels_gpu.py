@@ -1,4 +1,4 @@
-"""Kernel parity and speed on a GPU: fused Triton E2E-TV alpha and grouped tree attention vs their references.
+"""Kernel parity and speed on a GPU: fused Triton E2E-TV alpha, tree attention and GDN state replay vs references.
 
 Prepared for a short lent GPU session (torch + Triton, no SGLang): copy the repo, run
 
@@ -15,7 +15,9 @@ values and gradients against the plain-torch reference and times both (CUDA even
     timed against each other and against a dense-mask SDPA;
   - the SpecOPD tree losses E2E-KL and E2E-KL with accepted-prefix weights (``tree_loss``, rows streamed in
     chunks) vs the registry loss on the expanded ``[N, G, V]`` branches;
-  - the served draft sampler ``sampled_drafts.sample_block``: empirical token frequencies vs q, greedy rows.
+  - the served draft sampler ``sampled_drafts.sample_block``: empirical token frequencies vs q, greedy rows;
+  - GDN indexed state replay (hybrid targets): torch replay and the Triton tree kernel (UNVERIFIED until this
+    runs on a GPU) vs every node scored as its own sequence (``gdn_tree_naive``) or vs each other, timed.
 ``--device cpu --small`` runs tiny shapes on CPU (Triton under TRITON_INTERPRET=1): the test suite uses it to
 keep this script working. Writes one result file in the shared shape (command, commit, machine, versions).
 """
@@ -53,6 +55,16 @@ def _timed(fn, device: str, repeats: int) -> float:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
     return statistics.median(times)
+
+
+def _emit(out: list, row: dict, device: str) -> None:
+    """Record one case row (and show it on stderr); give the freed CUDA memory back before the next case."""
+    import torch
+
+    out.append(row)
+    print(row, file=sys.stderr)
+    if device == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _value_grad_time(fns: dict, t, d0, device: str, repeats: int) -> dict:
@@ -279,11 +291,67 @@ def attention_cases(device: str, small: bool, repeats: int) -> list:
                 if dense:
                     row["triton_speedup_vs_sdpa_dense"] = row["sdpa_dense_mask_s"] / row["triton_s"]
                 del got
-        out.append(row)
-        print(row, file=sys.stderr)
         del ref, mask, q, kk, v, args, kw
-        if device == "cuda":
-            torch.cuda.empty_cache()
+        _emit(out, row, device)
+    return out
+
+
+def gdn_cases(device: str, small: bool, repeats: int) -> list:
+    """GDN indexed state replay (hybrid targets, :mod:`specopd_kernels.gdn`) on SpecOPD-shaped rows: the torch
+    replay and the Triton tree kernel (UNVERIFIED until this runs on a GPU) vs scoring every node as its own
+    sequence (``gdn_tree_naive``, where it fits; else vs the torch replay). Timed: whole replay (torch / Triton
+    tree part) and the tree part alone (torch level by level vs the Triton walk); the naive once."""
+    import torch
+
+    from specopd_kernels.gdn import gdn_layout_from_tree_layout, gdn_tree_naive, gdn_tree_replay, random_gdn_params
+    from specopd_kernels.gdn.replay import replay_prefix, tree_nodes_torch
+    from specopd_kernels.gdn.triton_replay import gdn_tree_nodes_triton, gdn_tree_replay_triton
+    from specopd_kernels.tree.triton_attention import triton_runs_on
+
+    # (prefix P, anchors A, branches K, depth D, k heads, v heads, head dim, chunk, dtype, naive reference);
+    # 16 / 32 heads of 128: Qwen3-Next-80B's GDN layers (Qwen3.5 uses the same head shape)
+    f32, bf16 = torch.float32, torch.bfloat16
+    shapes = [(24, 3, 2, 3, 1, 2, 16, 8, f32, True)] if small else [
+        (256, 8, 4, 7, 2, 4, 128, 64, f32, True), (2048, 32, 16, 7, 16, 32, 128, 64, bf16, False),
+        (8192, 32, 16, 15, 16, 32, 128, 64, bf16, False)]
+    out = []
+    for p, a, k, depth, h, hv, hd, chunk, dtype, naive in shapes:
+        rng = random.Random(p)
+        layout = gdn_layout_from_tree_layout(_tree_row(p, sorted(rng.randrange(p // 4, p) for _ in range(a)), k,
+                                                       depth)[0])
+        params = random_gdn_params(h, hv, hd, hd, seed=p, dtype=dtype, device=device)
+        t = p + layout.num_nodes
+        gen = torch.Generator(device="cpu").manual_seed(t)
+        x, ga, gb = (torch.randn(t, c, generator=gen).to(device, dtype) for c in (params.conv_dim, hv, hv))
+        args = (x, ga, gb, params, layout)
+        with torch.no_grad():
+            got = gdn_tree_replay(*args, chunk_size=chunk).output
+            row = {"prefix": p, "anchors": a, "branches": k, "depth": depth, "tokens": t, "heads": [h, hv, hd],
+                   "chunk": chunk, "dtype": str(dtype), "reference": "naive" if naive else "replay",
+                   "max_abs_output": float(got.float().abs().max()),
+                   "replay_s": _timed(lambda: gdn_tree_replay(*args, chunk_size=chunk), device, repeats)}
+            prep = replay_prefix(*args, chunk_size=chunk)
+            row["tree_torch_s"] = _timed(lambda: tree_nodes_torch(prep, params, layout), device, repeats)
+            ref = got
+            if naive:
+                start = time.perf_counter()
+                ref = gdn_tree_naive(*args).output
+                row["naive_s"] = time.perf_counter() - start
+                row["replay_max_abs_diff"] = float((got.float() - ref.float()).abs().max())
+                row["replay_speedup_vs_naive"] = row["naive_s"] / row["replay_s"]
+            if triton_runs_on(device):
+                tri = gdn_tree_replay_triton(*args, chunk_size=chunk).output
+                row["triton_max_abs_diff"] = float((tri.float() - ref.float()).abs().max())
+                row["triton_max_abs_diff_vs_replay"] = float((tri.float() - got.float()).abs().max())
+                row["triton_replay_s"] = _timed(lambda: gdn_tree_replay_triton(*args, chunk_size=chunk), device,
+                                                repeats)
+                nodes = (prep.q[p:], prep.k[p:], prep.v[p:], prep.g[p:], prep.beta[p:], prep.anchor_states, layout,
+                         params.q_scale)
+                row["tree_triton_s"] = _timed(lambda: gdn_tree_nodes_triton(*nodes), device, repeats)
+                row["tree_triton_speedup_vs_torch"] = row["tree_torch_s"] / row["tree_triton_s"]
+                del tri, nodes
+        del got, ref, prep, x, ga, gb, args
+        _emit(out, row, device)
     return out
 
 
@@ -309,6 +377,7 @@ def main(argv=None) -> int:
                "tree_alpha": tree_alpha_cases(args.device, args.small, args.repeats),
                "tree_attention": attention_cases(args.device, args.small, args.repeats),
                "tree_losses": tree_loss_cases(args.device, args.small, args.repeats),
+               "gdn_replay": gdn_cases(args.device, args.small, args.repeats),
                "draft_sampler": draft_sampler_cases(args.device, args.small)}
     print({"draft_sampler": payload["draft_sampler"]}, file=sys.stderr)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # results.py needs only the standard library

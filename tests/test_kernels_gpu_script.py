@@ -35,6 +35,10 @@ def test_kernels_gpu_script_cpu_smoke(tmp_path):
     for c in res["tree_losses"]:
         assert c["rel_value_diff"] < 1e-5 and c["max_abs_grad_diff"] < 1e-6 < c["max_abs_grad"], c
     assert res["tree_losses"][0]["tree_value"] != res["tree_losses"][1]["tree_value"]
+    (gdn,) = res["gdn_replay"]
+    assert gdn["tokens"] == 24 + 3 * 2 * 3 and gdn["reference"] == "naive" and gdn["max_abs_output"] > 0.05, gdn
+    assert gdn["replay_max_abs_diff"] < 1e-5 and gdn["triton_max_abs_diff"] < 1e-5, gdn
+    assert min(gdn[k] for k in ("replay_s", "naive_s", "tree_torch_s", "triton_replay_s", "tree_triton_s")) > 0, gdn
     ds = res["draft_sampler"]
     assert ds["draws"] == 2 * 1990 and ds["max_abs_freq_minus_q"] < 0.05, ds
     assert ds["q_matches_softmax"] and ds["greedy_rows_argmax"] and ds["greedy_rows_one_hot_q"], ds

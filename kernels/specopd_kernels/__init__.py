@@ -1,6 +1,7 @@
-"""specopd_kernels: proposal-tree packing / masks / reference tree attention (``tree``) and drafter
-training losses with fused Triton E2E-TV (``losses``).  Installed from the ``kernels/`` folder under the
-import name ``specopd_kernels``.  Layout follows flash-linear-attention: ``<op>/naive.py`` references beside
+"""specopd_kernels: proposal-tree packing / masks / reference tree attention (``tree``), drafter
+training losses with fused Triton E2E-TV (``losses``) and Gated DeltaNet tree scoring by indexed state replay
+for hybrid targets (``gdn``, import it as ``specopd_kernels.gdn``).  Installed from the ``kernels/`` folder under
+the import name ``specopd_kernels``.  Layout follows flash-linear-attention: ``<op>/naive.py`` references beside
 the fused kernels.
 """
 
