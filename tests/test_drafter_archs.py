@@ -121,7 +121,7 @@ def _spec(**kw: Any) -> DrafterSpec:
 
 def test_dflash_entry() -> None:
     arch = get_drafter_arch("dflash")
-    assert arch is DFLASH and drafter_arch_names() == ["dflash"]
+    assert arch is DFLASH and drafter_arch_names() == ["dflash", "dflash2", "dspark"]
     assert (arch.name, arch.architecture, arch.speculative_algorithm, arch.sglang_worker) == (
         "dflash", "DFlashDraftModel", "DFLASH", "DFlashWorkerV2")
     assert arch.spec_type is DrafterSpec and arch.label == "'DFlashDraftModel' (dflash)"
@@ -129,7 +129,7 @@ def test_dflash_entry() -> None:
     assert arch_for_config({"architectures": ["DFlashDraftModel"]}) is arch
     assert arch_for_spec(_spec()) is arch
     assert register_drafter_arch(DFLASH) is DFLASH  # an equal entry again: no-op
-    assert drafter_arch_names() == ["dflash"]
+    assert drafter_arch_names() == ["dflash", "dflash2", "dspark"]
 
 
 def test_dflash_round_trips_through_the_registry() -> None:
@@ -164,9 +164,10 @@ def test_unknown_architecture_errors(tmp_path: Path, target: Path, dflash_dir: P
     from specopd_trainer.drafters import UnknownDrafterError, get_drafter_class, register_drafter
 
     with pytest.raises(UnknownDrafterArchError) as err:
-        get_drafter_arch("dspark")
-    assert str(err.value) == "unknown drafter architecture 'dspark'; registered: 'DFlashDraftModel' (dflash)"
-    assert isinstance(err.value, KeyError) and err.value.known == ["dflash"]
+        get_drafter_arch("eagle3")
+    assert str(err.value) == ("unknown drafter architecture 'eagle3'; registered: "
+                              "'DFlashDraftModel' (dflash), 'DFlash2DraftModel' (dflash2), 'DSparkDraftModel' (dspark)")
+    assert isinstance(err.value, KeyError) and err.value.known == ["dflash", "dflash2", "dspark"]
     with pytest.raises(UnknownDrafterArchError, match=r"architectures \['LlamaForCausalLM'\] is not a registered "
                                                       r"drafter architecture; registered: 'DFlashDraftModel'"):
         arch_for_config({"architectures": ["LlamaForCausalLM"]})
@@ -174,8 +175,8 @@ def test_unknown_architecture_errors(tmp_path: Path, target: Path, dflash_dir: P
         arch_for_config({})
     with pytest.raises(UnknownDrafterArchError, match="architectures \\['DFlashDraftModel', 'X'\\]"):
         arch_for_config({"architectures": ["DFlashDraftModel", "X"]})
-    with pytest.raises(UnknownDrafterArchError, match="'DFlash2DraftModel' is not a registered"):
-        arch_for_architecture("DFlash2DraftModel")
+    with pytest.raises(UnknownDrafterArchError, match="'LlamaForCausalLMEagle3' is not a registered"):
+        arch_for_architecture("LlamaForCausalLMEagle3")
     with pytest.raises(UnknownDrafterArchError, match="no registered drafter architecture has spec type dict"):
         arch_for_spec({})
     llama = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64}
@@ -189,17 +190,18 @@ def test_unknown_architecture_errors(tmp_path: Path, target: Path, dflash_dir: P
     assert ("config_key_missing", "config.json is missing key dflash_config (an object)") in cerr.value.problems
     with pytest.raises(DrafterConfigError, match="must hold a JSON object, got list"):
         parse_drafter_config([1])
-    with pytest.raises(UnknownDrafterArchError, match="'dspark'"):
-        load_drafter_spec(dflash_dir, "dspark")
-    with pytest.raises(UnknownDrafterArchError, match="'dspark'"):
-        check_drafter(dflash_dir, target, "dspark")
-    with pytest.raises(UnknownDrafterArchError, match="'dspark'"):
-        init_drafter(target, tmp_path / "d", arch="dspark")
+    with pytest.raises(UnknownDrafterArchError, match="'eagle3'"):
+        load_drafter_spec(dflash_dir, "eagle3")
+    with pytest.raises(UnknownDrafterArchError, match="'eagle3'"):
+        check_drafter(dflash_dir, target, "eagle3")
+    with pytest.raises(UnknownDrafterArchError, match="'eagle3'"):
+        init_drafter(target, tmp_path / "d", arch="eagle3")
     assert not (tmp_path / "d").exists()
-    with pytest.raises(UnknownDrafterError, match="unknown drafter 'dspark'; registered drafters: dflash"):
-        get_drafter_class("dspark")
-    with pytest.raises(UnknownDrafterError, match="unknown drafter architecture 'dspark'"):
-        register_drafter("dspark")
+    with pytest.raises(UnknownDrafterError, match="unknown drafter 'eagle3'; registered drafters: dflash, dflash2, "
+                                                  "dspark"):
+        get_drafter_class("eagle3")
+    with pytest.raises(UnknownDrafterError, match="unknown drafter architecture 'eagle3'"):
+        register_drafter("eagle3")
     assert issubclass(UnknownDrafterError, UnknownDrafterArchError)
 
 
@@ -214,13 +216,13 @@ def test_register_refuses_conflicts() -> None:
         register_drafter_arch(DrafterArch(**{**DUMMY.__dict__, "spec_type": dict}))
     with pytest.raises(ValueError, match="non-empty name"):
         register_drafter_arch(DrafterArch(**{**DUMMY.__dict__, "name": ""}))
-    assert drafter_arch_names() == ["dflash"]
+    assert drafter_arch_names() == ["dflash", "dflash2", "dspark"]
 
 
 # ---------------------------------------------------------------------------------- a dummy, seen everywhere
 
 def test_dummy_arch_init_and_check(dummy_arch: DrafterArch, target: Path, dflash_dir: Path, tmp_path: Path) -> None:
-    assert drafter_arch_names() == ["dflash", "dummy"] and get_drafter_arch("dummy") is dummy_arch
+    assert drafter_arch_names() == ["dflash", "dflash2", "dspark", "dummy"] and get_drafter_arch("dummy") is dummy_arch
     out = tmp_path / "dummy"
     spec = init_drafter(target, out, num_layers=3, seed=1, arch="dummy")
     assert spec == DummySpec(hidden_size=64, vocab_size=1024, num_target_layers=6, width=24)
@@ -258,7 +260,7 @@ def test_dummy_arch_in_trainer_registry(dummy_arch: DrafterArch, target: Path, d
     out = tmp_path / "dummy"
     init_drafter(target, out, arch="dummy")
     with pytest.raises(UnknownDrafterError, match="'DummyDraftModel' \\(dummy\\) has no trainable class; "
-                                                  "registered drafters: dflash"):
+                                                  "registered drafters: dflash, dflash2, dspark"):
         get_drafter_class("dummy")
     with pytest.raises(UnknownDrafterError, match="has no trainable class"):
         drafter_class_for_checkpoint(out)
@@ -267,7 +269,7 @@ def test_dummy_arch_in_trainer_registry(dummy_arch: DrafterArch, target: Path, d
     class DummyDrafter:
         pass
 
-    assert get_drafter_class("dummy") is DummyDrafter and drafter_names() == ["dflash", "dummy"]
+    assert get_drafter_class("dummy") is DummyDrafter and drafter_names() == ["dflash", "dflash2", "dspark", "dummy"]
     assert DummyDrafter.drafter_name == "dummy" and DummyDrafter.drafter_arch is dummy_arch
     assert drafter_class_for_checkpoint(out) is DummyDrafter
     assert drafter_class_for_checkpoint(dflash_dir) is DFlashDrafter and DFlashDrafter.drafter_arch is DFLASH
@@ -302,7 +304,7 @@ def test_cli_offers_registered_arches(target: Path, dflash_dir: Path, tmp_path: 
             ["drafter", "check", str(out), "--target", str(target), "--arch", "dummy"],
             ["drafter", "check", str(out), "--target", str(target)],
             ["drafter", "check", str(dflash_dir), "--target", str(target), "--arch", "dflash"],
-            ["drafter", "init", "--target", str(target), "--out", str(tmp_path / "x"), "--arch", "dspark"]]
+            ["drafter", "init", "--target", str(target), "--out", str(tmp_path / "x"), "--arch", "eagle3"]]
     res = subprocess.run([sys.executable, "-c", _CLI_SCRIPT, str(TESTS), json.dumps(runs)], capture_output=True,
                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
     lines = [line for line in res.stdout.splitlines() if line.startswith("RESULT ")]
@@ -310,7 +312,7 @@ def test_cli_offers_registered_arches(target: Path, dflash_dir: Path, tmp_path: 
     init_help, check_help, init, check, check_default, check_dflash, bad = json.loads(lines[-1][len("RESULT "):])
     for h in (init_help, check_help):
         text = re.sub(r"\x1b\[[0-9;]*m", "", h["stdout"])
-        assert h["code"] == 0 and "--arch" in text and re.search(r"dflash\|dummy", text), text
+        assert h["code"] == 0 and "--arch" in text and re.search(r"dflash\|dflash2\|dspark\|dummy", text), text
     assert init["code"] == 0, init
     assert init["stdout"].strip().splitlines()[-1] == str(out)
     assert init["stderr"].strip() == "ok: dummy width 8, float32, 0.00M params"
@@ -320,7 +322,7 @@ def test_cli_offers_registered_arches(target: Path, dflash_dir: Path, tmp_path: 
     assert check_default["stderr"].strip() == ("error: config.json describes a 'DummyDraftModel' (dummy) drafter, "
                                                "expected a 'DFlashDraftModel' (dflash) drafter")
     assert check_dflash["code"] == 0 and check_dflash["stdout"].startswith(f"ok: {dflash_dir}: 2 layers x hidden 64")
-    assert bad["code"] == 2 and "dspark" in bad["stderr"] and "Traceback" not in bad["stderr"] + bad["stdout"]
+    assert bad["code"] == 2 and "eagle3" in bad["stderr"] and "Traceback" not in bad["stderr"] + bad["stdout"]
     assert not (tmp_path / "x").exists()
 
 

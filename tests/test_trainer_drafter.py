@@ -142,8 +142,8 @@ def test_load_rejects_foreign_tensors(tmp_path: Path) -> None:
 
 def test_registry() -> None:
     assert get_drafter_class("dflash") is DFlashDrafter
-    with pytest.raises(KeyError, match="registered drafters: dflash"):
-        get_drafter_class("dspark")
+    with pytest.raises(KeyError, match="registered drafters: dflash, dflash2, dspark"):
+        get_drafter_class("eagle3")
     assert issubclass(UnknownDrafterError, KeyError)
 
 

@@ -56,7 +56,8 @@ def _resolve(target: str, home: Optional[Path]) -> Path:
 def init(
     target: str = typer.Option(..., "--target", help="Target: a prepared model name (smollm2) or a HF checkpoint dir."),
     out: Path = typer.Option(..., "--out", help="Output directory of the new drafter."),
-    block_size: int = typer.Option(8, "--block-size", help="DFlash block size B (anchor + B-1 masks), >= 2."),
+    block_size: int = typer.Option(8, "--block-size", help="Verify block size B: the anchor + B-1 drafted tokens, "
+                                                            ">= 2 (DSpark: gamma = B-1)."),
     num_layers: int = typer.Option(2, "--num-layers", help="Number of draft transformer layers."),
     seed: int = typer.Option(0, "--seed", help="Weight seed (equal seeds give identical weights)."),
     mask_token: Optional[str] = typer.Option(None, "--mask-token", help="Override the mask token (an existing token)."),
@@ -66,6 +67,11 @@ def init(
     force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
     home: Optional[Path] = typer.Option(None, "--home", help="specopd home for resolving model names."),
     arch: _Arch = typer.Option(_Arch("dflash"), "--arch", help=_ARCH_HELP),
+    option: Optional[list[str]] = typer.Option(None, "--option", help="Architecture setting KEY=VALUE (repeatable); "
+                                               "dflash2: conv_kernel_size, conv_group_size, selector_rank, "
+                                               "selector_top_k, output_multiplier, final_logit_softcapping; dspark: "
+                                               "markov_rank, markov_head_type, confidence_head_with_markov, "
+                                               "sample_from_anchor."),
 ) -> None:
     """Create a randomly initialised drafter (DFlash by default) for TARGET, check it, and print its directory last."""
     from sglang_specopd.wire.checkpoint_info import TargetConfigError
@@ -81,10 +87,16 @@ def init(
             ids = [int(x) for x in layer_ids.split(",") if x.strip()]
         except ValueError:
             _fail(f"--target-layer-ids must be comma-separated integers, got {layer_ids!r}")
+    options = {}
+    for item in option or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            _fail(f"--option must be KEY=VALUE, got {item!r}")
+        options[key.strip()] = value
     try:
         spec = init_drafter(target_dir, out, block_size=block_size, num_layers=num_layers, seed=seed,
                             mask_token=mask_token, target_layer_ids=ids, dtype=dtype.value, overwrite=force,
-                            arch=arch.value)
+                            arch=arch.value, options=options)
     except (DrafterFormatError, DrafterInitError, TargetConfigError, UnknownDrafterArchError) as exc:
         _fail(str(exc))
     problems = check_drafter(out, target_dir, arch.value)

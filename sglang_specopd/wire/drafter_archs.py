@@ -7,20 +7,22 @@ dataclass with a ``dtype`` field), the checkpoint tensor names/shapes of a spec,
 The trainer maps the same name to its ``nn.Module`` class (:mod:`specopd_trainer.drafters.registry`), the server
 refuses swaps across architectures, ``specopd drafter init|check --arch`` offers the registered names.
 
-Built-in entries are registered at the bottom of this module (today only DFlash; DFlash V2 ``DFlash2DraftModel``
-and DSpark ``DSparkDraftModel`` go there, each with a format module like :mod:`.drafter_format` and hooks like
-:mod:`.drafter_dflash`). Others (tests, extensions) call :func:`register_drafter_arch` before they are looked up.
+Built-in entries are registered at the bottom of this module: DFlash (:mod:`.drafter_format`, hooks
+:mod:`.drafter_dflash`), DFlash V2 ``DFlash2DraftModel`` (:mod:`.drafter_dflash2`) and DSpark ``DSparkDraftModel``
+(:mod:`.drafter_dspark`). Others (tests, extensions) call :func:`register_drafter_arch` before they are looked up.
 The registry is per process: the server knows only what its own process registered.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
 from sglang_specopd.wire import drafter_dflash as _dflash
+from sglang_specopd.wire import drafter_dflash2 as _dflash2
+from sglang_specopd.wire import drafter_dspark as _dspark
 from sglang_specopd.wire.checkpoint_info import TargetInfo
 from sglang_specopd.wire.drafter_format import DRAFTER_ARCHITECTURE, DrafterConfigError, DrafterSpec, drafter_config
 from sglang_specopd.wire.drafter_format import expected_tensors, read_drafter_config, spec_from_config
@@ -49,6 +51,8 @@ class DrafterInitRequest:
     ``resolve_mask_token()`` returns ``(token, id)`` for the target (the ``--mask-token`` override or the
     tokenizer rule of :func:`sglang_specopd.wire.drafter_init.choose_mask_token`; raises MaskTokenError) and is
     called only by architectures that use a mask token. ``dtype`` is one of float32, bfloat16, float16.
+    ``options``: architecture-specific settings (``--option KEY=VALUE``, values as given: strings from the CLI);
+    an architecture raises DrafterSpecError for a key it does not take.
     """
 
     target_dir: Path
@@ -59,6 +63,7 @@ class DrafterInitRequest:
     num_context_layers: Optional[int]
     dtype: str
     resolve_mask_token: Callable[[], tuple[str, int]]
+    options: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _top_level_facts(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -67,6 +72,10 @@ def _top_level_facts(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 def _default_describe(spec: Any) -> str:
     return f"{type(spec).__name__}, {spec.dtype}"
+
+
+def _no_init_rules(spec: Any) -> dict[str, str]:
+    return {}
 
 
 @dataclass(frozen=True)
@@ -89,6 +98,9 @@ class DrafterArch:
             top-level keys).
         describe: spec -> one-line summary (without the parameter count).
         spec_for_target: DrafterInitRequest -> spec, or None if ``specopd drafter init`` cannot create it.
+        init_rules: spec -> ``{tensor name: kind}`` overriding the fresh-weight rule of
+            :func:`sglang_specopd.wire.drafter_init.init_drafter_tensors` (kinds: ``"normal"``, ``"ones"``,
+            ``"zeros"``, ``"conv_identity"``); default: none.
     """
 
     name: str
@@ -102,6 +114,7 @@ class DrafterArch:
     target_facts: Callable[[Mapping[str, Any]], dict[str, Any]] = _top_level_facts
     describe: Callable[[Any], str] = _default_describe
     spec_for_target: Optional[Callable[[DrafterInitRequest], Any]] = None
+    init_rules: Callable[[Any], dict[str, str]] = _no_init_rules
 
     @property
     def label(self) -> str:
@@ -243,9 +256,21 @@ def spec_as_dict(spec: Any) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(spec).items()}
 
 
-# ---- built-in architectures (the one table; add DFlash V2 / DSpark entries here) ----------------------------
+# ---- built-in architectures (the one table) ------------------------------------------------------------------
 DFLASH = register_drafter_arch(DrafterArch(
     name="dflash", architecture=DRAFTER_ARCHITECTURE, speculative_algorithm="DFLASH", sglang_worker="DFlashWorkerV2",
     spec_type=DrafterSpec, parse_config=spec_from_config, expected_tensors=expected_tensors, config=drafter_config,
     target_facts=_dflash.target_facts, describe=_dflash.describe, spec_for_target=_dflash.spec_for_target,
+))
+DFLASH2 = register_drafter_arch(DrafterArch(
+    name="dflash2", architecture=_dflash2.DFLASH2_ARCHITECTURE, speculative_algorithm="DFLASH",
+    sglang_worker="DFlashWorkerV2", spec_type=_dflash2.DFlash2Spec, parse_config=_dflash2.parse_config,
+    expected_tensors=_dflash2.expected_tensors, config=_dflash2.config, target_facts=_dflash.target_facts,
+    describe=_dflash2.describe, spec_for_target=_dflash2.spec_for_target, init_rules=_dflash2.init_rules,
+))
+DSPARK = register_drafter_arch(DrafterArch(
+    name="dspark", architecture=_dspark.DSPARK_ARCHITECTURE, speculative_algorithm="DSPARK",
+    sglang_worker="DSparkWorkerV2", spec_type=_dspark.DSparkSpec, parse_config=_dspark.parse_config,
+    expected_tensors=_dspark.expected_tensors, config=_dspark.config, target_facts=_dflash.target_facts,
+    describe=_dspark.describe, spec_for_target=_dspark.spec_for_target, init_rules=_dspark.init_rules,
 ))

@@ -6,9 +6,10 @@ for a target. Pure (no torch, no tokenizer: the mask token comes from the reques
 
 from __future__ import annotations
 
+import json
 from typing import Any, Mapping
 
-from sglang_specopd.wire.drafter_format import DrafterSpec, default_target_layer_ids
+from sglang_specopd.wire.drafter_format import DrafterSpec, DrafterSpecError, default_target_layer_ids
 
 
 def target_facts(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -32,7 +33,14 @@ def describe(spec: DrafterSpec) -> str:
 
 
 def spec_for_target(req: Any) -> DrafterSpec:
-    """A DFlash spec for ``req`` (a :class:`~sglang_specopd.wire.drafter_archs.DrafterInitRequest`).
+    """:func:`base_spec_for_target`; DFlash takes no ``req.options`` (raises DrafterSpecError for any)."""
+    parse_options(getattr(req, "options", {}) or {}, {})
+    return base_spec_for_target(req)
+
+
+def base_spec_for_target(req: Any) -> DrafterSpec:
+    """A DFlash spec for ``req`` (a :class:`~sglang_specopd.wire.drafter_archs.DrafterInitRequest`), ignoring
+    ``req.options`` (the DFlash V2 and DSpark entries start from it).
 
     Dims (hidden, heads, kv heads, head_dim, intermediate, rms eps, rope theta, vocab, max positions) copy the
     target's. Context layers: ``req.target_layer_ids`` if given, else ``default_target_layer_ids(N, K)`` with
@@ -54,3 +62,29 @@ def spec_for_target(req: Any) -> DrafterSpec:
         block_size=int(req.block_size), target_layer_ids=tuple(int(i) for i in ids), mask_token=token,
         mask_token_id=token_id, num_target_layers=info.num_hidden_layers, dtype=req.dtype,
     )
+
+
+def parse_options(options: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """``defaults`` overridden by ``options`` (``specopd drafter init --option KEY=VALUE``). String values are read
+    as JSON scalars (``8``, ``0.5``), ``true``/``false`` and ``none``/``null`` (None); other strings stay strings.
+
+    Raises DrafterSpecError (code ``invalid_option``) for a key not in ``defaults``."""
+    unknown = sorted(set(options) - set(defaults))
+    if unknown:
+        raise DrafterSpecError([("invalid_option", f"unknown option(s) {', '.join(unknown)}; this architecture "
+                                                   f"takes {', '.join(sorted(defaults))}")])
+    out = dict(defaults)
+    for key, value in options.items():
+        if isinstance(value, str):
+            low = value.strip().lower()
+            if low in ("none", "null"):
+                value = None
+            elif low in ("true", "false"):
+                value = low == "true"
+            else:
+                try:
+                    value = json.loads(value)
+                except ValueError:
+                    pass
+        out[key] = value
+    return out

@@ -19,7 +19,8 @@ Verified against ``sglang/srt/models/dflash.py`` (``DFlashDraftModel``) and
   id+1, so the target's last layer can never be used.
 
 This module is the DFlash entry's format; :mod:`sglang_specopd.wire.drafter_archs` is the registry of drafter
-architectures (DFlash and later DFlash V2 / DSpark) that the trainer, the server and the CLI go through.
+architectures (DFlash, DFlash V2 in :mod:`.drafter_dflash2`, DSpark in :mod:`.drafter_dspark`) that the trainer,
+the server and the CLI go through.
 ``init_drafter``/``choose_mask_token``/``save_drafter`` live in :mod:`sglang_specopd.wire.drafter_init` (also
 reachable from this module by lazy re-export); ``check_drafter`` lives in :mod:`sglang_specopd.app.drafter_check`.
 """
@@ -152,8 +153,13 @@ class DrafterSpec:
         if self.dtype not in DTYPES:
             problems.append(("invalid_value", f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"))
         problems += layer_id_problems(list(self.target_layer_ids), self.num_target_layers)
+        problems += self._extra_problems()
         if problems:
             raise DrafterSpecError(problems)
+
+    def _extra_problems(self) -> list[tuple[str, str]]:
+        """Problems of a subclass's own fields (DFlash V2, DSpark), reported with the DFlash ones; none here."""
+        return []
 
     @property
     def num_context_features(self) -> int:
@@ -236,18 +242,19 @@ def write_drafter_config(spec: DrafterSpec, out_dir: str | os.PathLike[str]) -> 
     return write_config_json(drafter_config(spec), out_dir)
 
 
-def spec_from_config(cfg: Mapping[str, Any]) -> DrafterSpec:
-    """Parse a drafter config.json dict (as written by :func:`drafter_config`) into a DrafterSpec.
+def dflash_fields(cfg: Any, architecture: str = DRAFTER_ARCHITECTURE) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """The DrafterSpec fields of a DFlash-family config.json dict, and its problems (DFlash, DFlash V2 and DSpark
+    share them: Qwen3 dims, ``rope_parameters.rope_theta``, ``num_target_layers``, ``dtype`` and
+    ``dflash_config.{block_size, target_layer_ids, mask_token, mask_token_id}``).
 
-    Raises:
-        DrafterConfigError: not a dict, wrong ``architectures``, missing keys (all listed), or invalid values.
-    """
+    Returns ``(values, problems)``: ``values`` maps DrafterSpec field names to the raw config values found;
+    ``problems`` lists ``(code, message)`` for a non-dict config, ``architectures != [architecture]`` and every
+    missing key. Values are not validated here (DrafterSpec does that)."""
     if not isinstance(cfg, Mapping):
-        raise DrafterConfigError([("config_malformed",
-                                   f"config.json must hold a JSON object, got {type(cfg).__name__}")])
+        return {}, [("config_malformed", f"config.json must hold a JSON object, got {type(cfg).__name__}")]
     problems: list[tuple[str, str]] = []
-    if cfg.get("architectures") != [DRAFTER_ARCHITECTURE]:
-        problems.append(("config_invalid", f"architectures must be [{DRAFTER_ARCHITECTURE!r}], "
+    if cfg.get("architectures") != [architecture]:
+        problems.append(("config_invalid", f"architectures must be [{architecture!r}], "
                                            f"got {cfg.get('architectures')!r}"))
     dflash = cfg.get("dflash_config")
     if not isinstance(dflash, Mapping):
@@ -272,14 +279,32 @@ def spec_from_config(cfg: Mapping[str, Any]) -> DrafterSpec:
             values[name] = dflash[name]
         else:
             problems.append(("config_key_missing", f"config.json is missing key dflash_config.{name}"))
+    return values, problems
+
+
+def build_spec(spec_type: type, values: Mapping[str, Any], problems: list[tuple[str, str]] = ()) -> Any:
+    """``spec_type(**values)`` (a DrafterSpec or a subclass), turning every defect into one DrafterConfigError.
+
+    Raises DrafterConfigError listing ``problems`` (if any), or the spec's own validation problems, or a
+    wrong-type value."""
     if problems:
-        raise DrafterConfigError(problems)
+        raise DrafterConfigError(list(problems))
     try:
-        return DrafterSpec(**values)
+        return spec_type(**values)
     except DrafterSpecError as exc:
         raise DrafterConfigError(exc.problems) from None
     except TypeError as exc:  # e.g. rope_theta of a non-numeric type compared with 0
         raise DrafterConfigError([("config_invalid", f"config.json has a value of the wrong type: {exc}")]) from None
+
+
+def spec_from_config(cfg: Mapping[str, Any]) -> DrafterSpec:
+    """Parse a drafter config.json dict (as written by :func:`drafter_config`) into a DrafterSpec.
+
+    Raises:
+        DrafterConfigError: not a dict, wrong ``architectures``, missing keys (all listed), or invalid values.
+    """
+    values, problems = dflash_fields(cfg)
+    return build_spec(DrafterSpec, values, problems)
 
 
 def read_drafter_config(drafter_dir: str | os.PathLike[str]) -> Any:

@@ -26,7 +26,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Collection, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 from sglang_specopd.wire.checkpoint_info import read_target_info
 from sglang_specopd.wire.drafter_archs import DrafterInitRequest, arch_for_spec, get_drafter_arch
@@ -99,17 +99,33 @@ def choose_mask_token(target_dir: str | os.PathLike[str], override: str | None =
 
 
 def init_drafter_tensors(spec: Any, seed: int = 0) -> dict[str, Any]:
-    """Fresh weights for ``spec`` (any registered architecture's spec): N(0, 0.02) for matrices, ones for vectors
-    (norms), drawn in the entry's ``expected_tensors`` order from ``torch.Generator().manual_seed(seed)`` in fp32,
-    then cast to spec.dtype. Returns name -> contiguous ``torch.Tensor``; bit-identical for equal (spec, seed).
-    Raises UnknownDrafterArchError when ``type(spec)`` is not registered."""
+    """Fresh weights for ``spec`` (any registered architecture's spec), in the entry's ``expected_tensors`` order.
+
+    Default rule: N(0, 0.02) for tensors of >= 2 dims, ones for vectors (norms). The entry's ``init_rules(spec)``
+    overrides it per tensor: ``"normal"``, ``"ones"``, ``"zeros"``, or ``"conv_identity"`` (a
+    ``[side, tap, channel]`` conv kernel that is 1 at tap 0 and 0 elsewhere). Normal draws come, in order, from
+    ``torch.Generator().manual_seed(seed)`` in fp32 (only for tensors drawn normally), then everything is cast to
+    spec.dtype. Returns name -> contiguous ``torch.Tensor``; bit-identical for equal (spec, seed).
+
+    Raises: UnknownDrafterArchError when ``type(spec)`` is not registered; ValueError for an unknown rule kind."""
     import torch
 
     gen = torch.Generator().manual_seed(int(seed))
     dtype = getattr(torch, spec.dtype)
+    arch = arch_for_spec(spec)
+    rules = arch.init_rules(spec)
     out: dict[str, Any] = {}
-    for name, shape in arch_for_spec(spec).expected_tensors(spec).items():
-        t = torch.ones(shape) if len(shape) == 1 else torch.randn(shape, generator=gen) * 0.02
+    for name, shape in arch.expected_tensors(spec).items():
+        kind = rules.get(name, "ones" if len(shape) == 1 else "normal")
+        if kind == "normal":
+            t = torch.randn(shape, generator=gen) * 0.02
+        elif kind in ("ones", "zeros"):
+            t = torch.ones(shape) if kind == "ones" else torch.zeros(shape)
+        elif kind == "conv_identity":
+            t = torch.zeros(shape)
+            t[:, 0] = 1.0
+        else:
+            raise ValueError(f"{arch.label}: unknown init rule {kind!r} for tensor {name}")
         out[name] = t.to(dtype).contiguous()
     return out
 
@@ -177,6 +193,7 @@ def init_drafter(
     dtype: str = "float32",
     overwrite: bool = False,
     arch: str = "dflash",
+    options: Mapping[str, Any] | None = None,
 ) -> Any:
     """Create a randomly initialised drafter of architecture ``arch`` for the HF target at ``target_dir``; return
     its spec.
@@ -185,11 +202,13 @@ def init_drafter(
     target's; context layers ``target_layer_ids`` if given, else ``default_target_layer_ids(N, K)`` with
     K = ``num_context_layers`` or, by default, ``min(num_layers, max(1, N - 3))``, so a 4-layer target gets one
     context layer; mask token: :func:`choose_mask_token`). Weights: :func:`init_drafter_tensors` (deterministic
-    by ``seed``); written atomically by :func:`save_drafter`.
+    by ``seed``); written atomically by :func:`save_drafter`. ``options``: architecture settings (DFlash V2:
+    conv/selector sizes, DSpark: Markov head; see their ``DEFAULTS``); DFlash takes none.
 
     Raises:
         UnknownDrafterArchError: ``arch`` is not registered. TargetConfigError: unreadable target config.
-        MaskTokenError: see choose_mask_token. DrafterSpecError: invalid sizes/ids/block_size (< 2).
+        MaskTokenError: see choose_mask_token. DrafterSpecError: invalid sizes/ids/block_size (< 2), or
+        ``options`` the architecture does not take.
         DrafterInitError: ``out_dir`` exists (no overwrite), an unknown dtype, or an architecture that
         ``init`` cannot create.
     """
@@ -205,7 +224,7 @@ def init_drafter(
         target_dir=Path(target_dir), target=info, num_layers=int(num_layers), block_size=int(block_size),
         target_layer_ids=None if target_layer_ids is None else tuple(int(i) for i in target_layer_ids),
         num_context_layers=num_context_layers, dtype=dtype,
-        resolve_mask_token=lambda: choose_mask_token(target_dir, mask_token),
+        resolve_mask_token=lambda: choose_mask_token(target_dir, mask_token), options=dict(options or {}),
     )
     spec = entry.spec_for_target(request)
     save_drafter(spec, init_drafter_tensors(spec, seed), out_dir, overwrite=overwrite)

@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from sglang_specopd.wire.drafter_format import DrafterSpec, expected_tensors, read_drafter_spec
+from sglang_specopd.wire.drafter_format import DrafterSpec, read_drafter_config
 from specopd_trainer.drafters.blocks import DrafterInputError, build_dflash_training_mask, make_blocks
 from specopd_trainer.drafters.layers import DFlashDecoderLayer, RMSNorm, rope_cos_sin
 from specopd_trainer.drafters.registry import register_drafter
@@ -43,7 +43,9 @@ class MissingTargetHeadError(RuntimeError):
 class DFlashDrafter(nn.Module):
     """DFlash drafter built from a :class:`DrafterSpec`; fresh weights equal ``init_drafter_tensors(spec, seed)``.
 
-    Parameters are fp32 unless ``dtype`` is given; ``save_pretrained`` casts to ``spec.dtype``.
+    Parameters are fp32 unless ``dtype`` is given; ``save_pretrained`` casts to ``spec.dtype``. Subclasses (the
+    DFlash V2 and DSpark drafters) override :meth:`_make_layer` / :meth:`_build_heads` to add their modules;
+    checkpoints are read and written through the class's registered architecture entry (``drafter_arch``).
     """
 
     drafter_name = "dflash"
@@ -53,18 +55,25 @@ class DFlashDrafter(nn.Module):
         super().__init__()
         self.spec = spec
         h, eps = spec.hidden_size, spec.rms_norm_eps
-        self.layers = nn.ModuleList(
-            DFlashDecoderLayer(h, spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim,
-                               spec.intermediate_size, eps, spec.rope_theta)
-            for _ in range(spec.num_hidden_layers))
+        self.layers = nn.ModuleList(self._make_layer(spec) for _ in range(spec.num_hidden_layers))
         self.fc = nn.Linear(spec.num_context_features * h, h, bias=False)
         self.hidden_norm = RMSNorm(h, eps)
         self.norm = RMSNorm(h, eps)
+        self._build_heads(spec)
         from sglang_specopd.wire.drafter_init import init_drafter_tensors
 
         self.load_state_dict(init_drafter_tensors(spec, seed), strict=True)
         self.to(dtype)
         self.target_head = target_head
+
+    @staticmethod
+    def _make_layer(spec: DrafterSpec) -> nn.Module:
+        """One draft layer (module names = checkpoint names under ``layers.{i}.``)."""
+        return DFlashDecoderLayer(spec.hidden_size, spec.num_attention_heads, spec.num_key_value_heads,
+                                  spec.head_dim, spec.intermediate_size, spec.rms_norm_eps, spec.rope_theta)
+
+    def _build_heads(self, spec: DrafterSpec) -> None:
+        """Modules after the backbone (none for DFlash)."""
 
     # ---- shapes and helpers -------------------------------------------------------------------------------
     @property
@@ -227,16 +236,17 @@ class DFlashDrafter(nn.Module):
                         *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> "DFlashDrafter":
         """Load a drafter checkpoint (and, if ``target_dir`` is given, the target's embedding + LM head).
 
-        Raises: DrafterConfigError (bad config.json), DrafterLoadError (tensor names/shapes differ from the spec,
-        or no model.safetensors)."""
+        Raises: DrafterConfigError (bad config.json, or one of another architecture), DrafterLoadError (tensor
+        names/shapes differ from the spec, or no model.safetensors)."""
         from safetensors.torch import load_file
 
-        spec = read_drafter_spec(drafter_dir)
+        arch = cls.drafter_arch
+        spec = arch.parse_config(read_drafter_config(drafter_dir))
         path = Path(drafter_dir) / "model.safetensors"
         if not path.is_file():
             raise DrafterLoadError(f"{path} does not exist")
         tensors = load_file(str(path))
-        want = expected_tensors(spec)
+        want = arch.expected_tensors(spec)
         problems = [f"missing {n}" for n in want if n not in tensors]
         problems += [f"unexpected {n}" for n in tensors if n not in want]
         problems += [f"{n}: shape {tuple(t.shape)} != {want[n]}" for n, t in tensors.items()

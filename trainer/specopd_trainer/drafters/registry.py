@@ -4,10 +4,11 @@ Names, HF architectures, config parsing and tensor layouts come from the one reg
 :mod:`sglang_specopd.wire.drafter_archs` (also read by the server and the CLI); this module only adds the class.
 Drafter modules register themselves with ``@register_drafter(name)`` where ``name`` is a registered architecture;
 the built-in modules listed in :data:`BUILTIN_MODULES` are imported on first lookup, so importing this module stays
-light. Extension points: a DFlash V2 drafter ("dflash2", ``DFlash2DraftModel``) or DSpark ("dspark") is an entry
-in ``drafter_archs`` plus a module ``specopd_trainer.drafters.<name>`` whose class is decorated with
-``@register_drafter("<name>")``, added to :data:`BUILTIN_MODULES`. Every registered class must provide
-``from_pretrained(drafter_dir, target_dir=None)`` and ``save_pretrained(out_dir)`` writing its entry's format.
+light. Built in: DFlash ("dflash", :mod:`.dflash`), DFlash V2 ("dflash2", ``DFlash2DraftModel``, :mod:`.dflash2`)
+and DSpark ("dspark", ``DSparkDraftModel``, :mod:`.dspark`). Another drafter is an entry in ``drafter_archs`` plus
+a module whose class is decorated with ``@register_drafter("<name>")`` (added to :data:`BUILTIN_MODULES` or imported
+before lookup). Every registered class must provide ``from_pretrained(drafter_dir, target_dir=None)`` and
+``save_pretrained(out_dir)`` writing its entry's format.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from sglang_specopd.wire.drafter_archs import UnknownDrafterArchError, arch_for_
 from sglang_specopd.wire.drafter_archs import get_drafter_arch
 from sglang_specopd.wire.drafter_format import read_drafter_config
 
-BUILTIN_MODULES = ("specopd_trainer.drafters.dflash",)  # add "specopd_trainer.drafters.dflash2", ".dspark"
+BUILTIN_MODULES = ("specopd_trainer.drafters.dflash", "specopd_trainer.drafters.dflash2",
+                   "specopd_trainer.drafters.dspark")
 DRAFTERS: dict[str, type] = {}
 _T = TypeVar("_T", bound=type)
 _loaded = False
