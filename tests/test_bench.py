@@ -639,3 +639,15 @@ def test_results_summary_reads_the_new_result_files() -> None:
     assert "at concurrency 1 / 8: plain serving 1.00x / 1.50x, SPECOPD 1.04x / 1.25x" in text
     assert "123,456 target response tokens" in text and "math 123,456" in text and "210 response" in text
     assert "420 requests served, 7 hot pushes, 0 serving errors; traffic tau 1.250 before training -> 1.310" in text
+
+
+def test_results_summary_reads_the_cpu_dtype_file() -> None:
+    from sglang_specopd.app.bench.report_summary import results_summary
+
+    data = {"rows": [{"threads": 1, "dtype": "float32", "prefill_tokens_per_s": 250.0}],
+            "float32_over_bfloat16_prefill": {"2": 12.56, "1": 8.95}, "auto_dtype": "float32",
+            "machine": {"cpu": "AMD EPYC", "cpu_simd": "AVX2", "cpu_native_bf16": False}}
+    text = "\n".join(results_summary({"cpu_dtype_cpu.json": data}))
+    assert ("(`cpu_dtype_cpu.json`): on this AMD EPYC (AVX2, native bf16: False) SmolLM2 prefill is 8.95x / 12.56x "
+            "faster in float32 than in bf16 at 1 / 2 threads, so `dtype: auto` serves float32 here.") in text
+    assert results_summary({"cpu_dtype_cpu.json": {"rows": []}})[-1] == "No result file yet."

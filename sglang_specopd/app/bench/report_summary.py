@@ -185,6 +185,19 @@ def _corpus(name: str, data: Mapping[str, Any]) -> List[str]:
             f"features cached for {_int(data.get('features_cached'))} responses."]
 
 
+def _cpu_dtype(name: str, data: Mapping[str, Any]) -> List[str]:
+    rows = [r for r in data.get("rows") or [] if isinstance(r, Mapping)]
+    ratio = data.get("float32_over_bfloat16_prefill") or {}
+    if not rows or not ratio:
+        return []
+    machine = data.get("machine") or {}
+    threads = " / ".join(sorted(ratio, key=int))
+    return [f"- **CPU serving dtype** (`{name}`): on this {machine.get('cpu', 'CPU')} "
+            f"({machine.get('cpu_simd', '?')}, native bf16: {machine.get('cpu_native_bf16', '?')}) SmolLM2 prefill is "
+            f"{' / '.join(_f(ratio[t]) + 'x' for t in sorted(ratio, key=int))} faster in float32 than in bf16 at "
+            f"{threads} threads, so `dtype: auto` serves {data.get('auto_dtype', '?')} here."]
+
+
 def _live_traffic(name: str, data: Mapping[str, Any]) -> List[str]:
     lt = data.get("live_traffic") or data
     if not _num(lt.get("tau_before")):
@@ -210,7 +223,8 @@ def results_summary(results: Mapping[str, Mapping[str, Any]], results_dir: str =
     if "serve_smollm2_cpu.json" in results:
         items += _greedy_identity("serve_smollm2_cpu.json", results["serve_smollm2_cpu.json"])
     items += _sft(("sft_smollm2_cpu.json", "sft_smollm2_big_cpu.json"), results)
-    for name, fn in (("cpu_attention_smollm2_cpu.json", _cpu_attention), ("reference_corpus_smollm2_cpu.json", _corpus),
+    for name, fn in (("cpu_dtype_cpu.json", _cpu_dtype), ("cpu_attention_smollm2_cpu.json", _cpu_attention),
+                     ("reference_corpus_smollm2_cpu.json", _corpus),
                      ("draft_opd_live_traffic_smollm2_cpu.json", _live_traffic)):
         if name in results:
             items += fn(name, results[name])
