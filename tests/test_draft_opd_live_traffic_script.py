@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from _scripts import load_benchmark
+from _scripts import load_benchmark, tiny_specopd_config
 from test_collect import stub_server
 
 MOD = load_benchmark("draft_opd_live_traffic")  # puts benchmarks/ on sys.path: the helper packages below
@@ -236,16 +236,9 @@ def test_serve_config_sets_drafter_and_spool(tmp_path: Path):
 @pytest.mark.server
 def test_end_to_end_on_the_tiny_target(tiny_serving_target: Path, tiny_drafter: Path, tmp_path: Path):
     """~2-3 min: tiny fp32 SPECOPD server, 2 requests in flight for 1.5 min, the trainer after 0.4 min."""
-    import yaml
-
     from sglang_specopd.app.launch import free_port
 
-    cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "name": "tiny-live-traffic", "target": str(tiny_serving_target), "drafter": str(tiny_drafter),
-        "speculative_algorithm": "SPECOPD", "block_size": 4, "device": "cpu", "dtype": "float32",
-        "attention_backend": "torch_native", "max_total_tokens": 4096, "disable_cuda_graph": True,
-        "disable_overlap_schedule": True, "sleep_on_idle": True}))
+    cfg = tiny_specopd_config(tmp_path / "tiny.yaml", tiny_serving_target, tiny_drafter, "tiny-live-traffic")
     out = tmp_path / "result.json"
     rc = MOD.main(["--drafter", str(tiny_drafter), "--config", str(cfg), "--spool-mb", "8", "--minutes", "1.5",
                    "--warmup-minutes", "0.4", "--after-minutes", "0.4", "--window-s", "20", "--concurrency", "2",
