@@ -28,6 +28,11 @@ CPU_HOOK_TARGETS = (
     "sglang.srt.models.dflash.DFlashAttention.__init__",
     "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_extend",
     "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend._run_sdpa_forward_decode",
+    # hybrid GDN targets (cpu/hybrid_gdn.py)
+    "sglang.srt.models.qwen3_next.Qwen3GatedDeltaNet.__init__",
+    "sglang.kernels.ops.attention.fla.fused_norm_gate.FusedRMSNormGated.forward",
+    "sglang.srt.models.qwen2_moe.fused_gate_sigmoid_mul_add",
+    "sglang.srt.layers.attention.hybrid_linear_attn_backend.scatter_mamba_states_after_mtp_verify",
 )
 
 
@@ -59,9 +64,19 @@ def last_json(proc: subprocess.CompletedProcess) -> dict:
 
 @pytest.fixture(scope="module")
 def standin():
-    """The stand-in module loaded from its file under a private name (no ``sgl_kernel`` in sys.modules)."""
-    spec = importlib.util.spec_from_file_location("_specopd_sgl_kernel_standin_under_test", STANDIN_INIT)
+    """The stand-in package loaded from its file under a private name (no ``sgl_kernel`` in sys.modules)."""
+    return load_standin()
+
+
+def load_standin():
+    """Import the stand-in package (``__init__`` and its submodules) as ``_specopd_sgl_kernel_standin_under_test``."""
+    name = "_specopd_sgl_kernel_standin_under_test"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, STANDIN_INIT,
+                                                  submodule_search_locations=[str(STANDIN_INIT.parent)])
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # the package's relative imports (``from . import mamba``) look it up there
     spec.loader.exec_module(mod)
     return mod
 

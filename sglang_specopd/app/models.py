@@ -64,6 +64,29 @@ KNOWN_MODELS: dict[str, PreparableModel] = {SMOLLM2.name: SMOLLM2}
 
 
 @dataclass(frozen=True)
+class GeneratedModel:
+    """A target that ``specopd models prepare NAME`` builds deterministically from a seed (random weights), with
+    the tokenizer of another prepared model (``base``); ``builder`` names a function of
+    :mod:`sglang_specopd.app.tiny_hybrid` called as ``builder(out_dir, base_dir, seed=seed)``."""
+
+    name: str
+    dirname: str
+    base: str
+    seed: int
+    builder: str
+
+
+TINY_QWEN3NEXT = GeneratedModel(name="tiny-qwen3next", dirname="tiny-qwen3next-seed0", base=SMOLLM2.name, seed=0,
+                                builder="build_tiny_qwen3next")
+GENERATED_MODELS: dict[str, GeneratedModel] = {TINY_QWEN3NEXT.name: TINY_QWEN3NEXT}
+
+
+def _dirnames() -> dict[str, str]:
+    """Every preparable target name -> its directory name under ``<home>/models``."""
+    return {**{n: s.dirname for n, s in KNOWN_MODELS.items()}, **{n: s.dirname for n, s in GENERATED_MODELS.items()}}
+
+
+@dataclass(frozen=True)
 class PreparedModel:
     """A prepared target found under ``<home>/models``: its name, directory and weight dtype."""
 
@@ -82,7 +105,7 @@ def _known(name: str) -> PreparableModel:
     try:
         return KNOWN_MODELS[name]
     except KeyError:
-        raise PrepareError(f"unknown model {name!r}; known: {', '.join(sorted(KNOWN_MODELS))}") from None
+        raise PrepareError(f"unknown model {name!r}; known: {', '.join(sorted(_dirnames()))}") from None
 
 
 def sha256_file(path: Path) -> str:
@@ -94,12 +117,20 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _verify_marker(model_dir: Path, spec: PreparableModel, dtype: str) -> bool:
+def _recipe(spec: PreparableModel | GeneratedModel) -> dict[str, Any]:
+    """The marker keys that identify how ``spec`` was built (a rebuild follows when they change)."""
+    if isinstance(spec, GeneratedModel):
+        return {"model": spec.name, "base": spec.base, "seed": spec.seed, "builder": spec.builder}
+    return {"wheel_sha256": spec.wheel_sha256}
+
+
+def _verify_marker(model_dir: Path, spec: PreparableModel | GeneratedModel, dtype: str) -> bool:
     """True iff ``model_dir`` holds a finished build of ``spec`` in ``dtype`` whose files all match the marker."""
     try:
         marker = json.loads((model_dir / MARKER_NAME).read_text())
         files: dict[str, str] = marker["files"]
-        if marker["wheel_sha256"] != spec.wheel_sha256 or marker["dtype"] != dtype or "model.safetensors" not in files:
+        recipe_ok = all(marker.get(k) == v for k, v in _recipe(spec).items())
+        if not recipe_ok or marker["dtype"] != dtype or "model.safetensors" not in files:
             return False
         return all(sha256_file(model_dir / rel) == digest for rel, digest in files.items())
     except (OSError, ValueError, KeyError, TypeError):
@@ -157,17 +188,24 @@ def prepare_model(
 
     from rich.console import Console
 
-    spec = _known(name)
     if dtype not in DTYPES:
         raise PrepareError(f"unsupported dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     console = console or Console(stderr=True, soft_wrap=True)
+    spec: PreparableModel | GeneratedModel
+    if name in GENERATED_MODELS:
+        spec = GENERATED_MODELS[name]
+        if dtype != "float32":
+            raise PrepareError(f"{name} is built in float32 only, got --dtype {dtype}")
+        base_dir = prepare_model(spec.base, home=home, dtype="float32", console=console)
+    else:
+        spec = _known(name)
     root = _home(home)
     models = root / "models"
     models.mkdir(parents=True, exist_ok=True)
     final = models / spec.dirname
     with open(models / f".{spec.dirname}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        wheel = _ensure_wheel(spec, root / "wheels", console)
+        wheel = _ensure_wheel(spec, root / "wheels", console) if isinstance(spec, PreparableModel) else base_dir
         if _verify_marker(final, spec, dtype):
             console.print(f"[green]verified[/] {final} ({dtype}, checksums match)")
             return final
@@ -190,7 +228,14 @@ def prepare_model(
     return final
 
 
-def _build(spec: PreparableModel, wheel: Path, out: Path, dtype: str, console: Any) -> None:
+def _build(spec: PreparableModel | GeneratedModel, wheel: Path, out: Path, dtype: str, console: Any) -> None:
+    if isinstance(spec, GeneratedModel):  # ``wheel`` is the prepared base model's directory
+        from sglang_specopd.app import tiny_hybrid
+
+        with console.status(f"building {spec.name} (seed {spec.seed}) ..."):
+            getattr(tiny_hybrid, spec.builder)(out, wheel, seed=spec.seed)
+        _write_marker(out, spec, dtype)
+        return
     from sglang_specopd.app.gguf_convert import GGUFConvertError, convert_gguf_to_hf
 
     scratch = out / ".scratch"
@@ -209,10 +254,14 @@ def _build(spec: PreparableModel, wheel: Path, out: Path, dtype: str, console: A
         raise PrepareError(str(exc)) from exc
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    _write_marker(out, spec, dtype)
+
+
+def _write_marker(out: Path, spec: PreparableModel | GeneratedModel, dtype: str) -> None:
     make_world_readable(out)
     files = {p.relative_to(out).as_posix(): sha256_file(p) for p in sorted(out.rglob("*")) if p.is_file()}
-    marker = {"model": spec.name, "requirement": spec.requirement, "wheel_sha256": spec.wheel_sha256,
-              "dtype": dtype, "files": files}
+    extra = {"requirement": spec.requirement} if isinstance(spec, PreparableModel) else {}
+    marker = {"model": spec.name, **extra, **_recipe(spec), "dtype": dtype, "files": files}
     (out / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")
     os.chmod(out / MARKER_NAME, 0o644)
 
@@ -224,11 +273,11 @@ def list_prepared(home: str | os.PathLike[str] | None = None) -> list[PreparedMo
     """
     models = _home(home) / "models"
     out: list[PreparedModel] = []
-    for spec in sorted(KNOWN_MODELS.values(), key=lambda s: s.name):
-        marker = models / spec.dirname / MARKER_NAME
+    for name, dirname in sorted(_dirnames().items()):
+        marker = models / dirname / MARKER_NAME
         try:
             data = json.loads(marker.read_text())
-            out.append(PreparedModel(name=spec.name, path=models / spec.dirname, dtype=str(data["dtype"])))
+            out.append(PreparedModel(name=name, path=models / dirname, dtype=str(data["dtype"])))
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return out
@@ -245,9 +294,8 @@ def resolve_target(name_or_path: str | os.PathLike[str], *, home: str | os.PathL
             without ``config.json``.
     """
     text = os.fspath(name_or_path)
-    if text in KNOWN_MODELS:
-        spec = KNOWN_MODELS[text]
-        path = _home(home) / "models" / spec.dirname
+    if text in _dirnames():
+        path = _home(home) / "models" / _dirnames()[text]
         if not (path / "config.json").is_file() or not (path / MARKER_NAME).is_file():
             raise TargetNotFoundError(
                 f"target {text!r} is not prepared (expected {path}); run `specopd models prepare {text}` first"
@@ -268,6 +316,6 @@ def resolve_tokenizer(name_or_path: str | None, *, home: str | os.PathLike[str] 
     Raises:
         TargetNotFoundError: a known name that has not been prepared (says which ``specopd models prepare`` to run).
     """
-    if name_or_path is not None and name_or_path in KNOWN_MODELS:
+    if name_or_path is not None and name_or_path in _dirnames():
         return str(resolve_target(name_or_path, home=home))
     return name_or_path

@@ -89,6 +89,10 @@ def launch_environment(device: str, base: Optional[Dict[str, str]] = None, prefi
         # tokens: 155-161 s vs 12 s). Override with SPECOPD_CPU_SERVER_THREADS (or an explicit OMP_NUM_THREADS).
         threads = env.get("SPECOPD_CPU_SERVER_THREADS") or env.get("OMP_NUM_THREADS") or "1"
         env["OMP_NUM_THREADS"] = threads
+        # Hybrid GDN targets: SGLang stores the conv windows of its mamba pool in bfloat16 by default
+        # (SGLANG_MAMBA_CONV_DTYPE), whatever --dtype says, so a float32 server's decode convolves bf16-rounded past
+        # inputs (log-prob errors ~0.05 on the tiny target). On CPU keep them in float32 (a few KB per request).
+        env.setdefault("SGLANG_MAMBA_CONV_DTYPE", "float32")
         parts = [str(STANDIN_DIR)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         env["PYTHONPATH"] = os.pathsep.join(parts)
     return env

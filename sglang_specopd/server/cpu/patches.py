@@ -19,6 +19,10 @@ time and otherwise defers to SGLang's original code, so nothing here changes GPU
    ``accept_sampling``, whose kernel is Triton; :mod:`sglang_specopd.server.cpu.chain_sampling` provides it in torch.
 9. Batched decode / verify attention (:mod:`sglang_specopd.server.cpu.batched_attention`): one SDPA call per group
    of requests instead of one per request and layer (83% of a decode step at 48 requests in flight).
+10. (not a hook, :mod:`sglang_specopd.app.cpu_dtype`): the serving dtype follows the CPU.
+11. Hybrid Gated DeltaNet targets (Qwen3-Next): torch stand-ins of sgl-kernel's CPU GDN ops
+    (``sgl_kernel_standin/sgl_kernel/mamba.py``) and the hooks in :mod:`sglang_specopd.server.cpu.hybrid_gdn`;
+    the launcher keeps the mamba pool's conv windows in float32 (``SGLANG_MAMBA_CONV_DTYPE``, plugin.py).
 """
 
 from __future__ import annotations
@@ -151,4 +155,7 @@ def register_cpu_adaptations() -> None:
     from sglang_specopd.server.cpu.chain_sampling import install as install_chain_sampling
 
     install_chain_sampling()
+    from sglang_specopd.server.cpu.hybrid_gdn import register_hybrid_gdn_adaptations
+
+    register_hybrid_gdn_adaptations()
     logger.info("sglang-specopd: CPU adaptations registered")

@@ -9,6 +9,8 @@ Only the ops SGLang's CPU path calls are implemented; any other attribute raises
 Semantics follow the Triton kernels they replace (sglang/srt/mem_cache/allocation.py
 ``assign_req_to_token_pool``, sglang/kernels/ops/speculative/cache_locs.py ``assign_extend_cache_locs`` /
 ``assign_draft_cache_locs_contiguous``, sglang/kernels/ops/kvcache/cache_move.py ``copy_all_layer_kv_cache_tiled``).
+The Gated DeltaNet ops of hybrid targets (Qwen3-Next) live in :mod:`sgl_kernel.mamba` (``torch.ops.sgl_kernel``
+registrations in ``_torch_ops``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import ctypes
 
 import torch
+
+from . import _torch_ops, mamba  # noqa: F401  (GDN ops of hybrid targets; registers torch.ops.sgl_kernel.*)
 
 __version__ = "0.0.0+specopd.cpu.standin"
 SPECOPD_CPU_STANDIN = True
