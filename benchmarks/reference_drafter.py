@@ -2,12 +2,15 @@
 
 Stages (each resumable; run them in order, one at a time, on a quiet machine for the timings to mean anything):
 
-    python benchmarks/reference_drafter.py collect   # ~1.3M target tokens through a live plain bf16 server
+    python benchmarks/reference_drafter.py collect --servers 2   # ~2M target tokens through live plain servers
     python benchmarks/reference_drafter.py sft --steps 6000   # resumes; held-out walk tau logged every eval_every
     python benchmarks/reference_drafter.py report    # serve it, held-out tau at T0/T1 with intervals
+    python benchmarks/reference_drafter.py ship      # into sglang_specopd/assets/drafters (bf16) + training record
 
 ``collect`` regenerates the corpus of :mod:`specopd_trainer.data.corpus` (every train prompt of the four domains,
-extra T=0.8 samples for dialogue and agentic) at ``--concurrency`` requests in flight, appends each response to
+extra T=0.8 samples for dialogue and agentic) at ``--concurrency`` requests in flight per server through
+``--servers`` replicas (:class:`specopd_trainer.client_pool.ClientPool`; on the 2-core CPU machine two 1-thread
+replicas decode ~2x one 2-thread server), appends each response to
 ``RUN/data/responses.jsonl`` as it finishes (first importing the responses committed in ``benchmarks/data/
 reference_corpus/`` and afterwards adding a shard of the new ones there: commit it, so a new machine resumes
 rather than regenerates; ``snapshot`` does only that), then fetches the drafter's context features through
@@ -19,6 +22,7 @@ and where the time went.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -81,6 +85,7 @@ def collect(args) -> int:
     from sglang_specopd.app.results import write_result
     from sglang_specopd.app.serve import config_path, launch_spec
     from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client_pool import ClientPool
     from specopd_trainer.collect import chat_prompt_ids, iter_responses, regenerate
     from specopd_trainer.data.corpus import CorpusSpec, corpus_records, corpus_size
     from specopd_trainer.data.snapshot import import_snapshot, write_shard
@@ -97,8 +102,9 @@ def collect(args) -> int:
     # this stage owns the machine (run it alone): one server thread per core. Prefill, most of the feature pass,
     # doubles from 1 to 2 threads (cpu_dtype_cpu.json: 253 -> 505 tok/s); decode at 48 requests did not gain.
     # An explicit SPECOPD_CPU_SERVER_THREADS / OMP_NUM_THREADS wins.
+    # With --servers N (replicas, each its own port), each replica gets cpu_count // N threads.
     if "OMP_NUM_THREADS" not in os.environ:
-        os.environ.setdefault("SPECOPD_CPU_SERVER_THREADS", str(os.cpu_count() or 1))
+        os.environ.setdefault("SPECOPD_CPU_SERVER_THREADS", str(max(1, (os.cpu_count() or 1) // args.servers)))
     # the feature pass is this server's only work: score each batch whole, not in 64-row pieces between decode
     # steps (the interleaving that protects serving latency, docs/score_trees.md)
     plain = ServeConfig.load(config_path(args.config)).model_copy(update={"score_trees_budget_tokens": 0})
@@ -111,13 +117,18 @@ def collect(args) -> int:
         timings["snapshot_import_s"] = time.monotonic() - t1
         print(f"snapshot {SNAPSHOT}: {got}", file=sys.stderr)
     t0 = time.monotonic()
-    with SGLangServer(launch_spec(plain, port=args.port)) as server, SpecOPDClient(server.url) as client:
+    with contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(SGLangServer(launch_spec(plain, port=args.port + i)))
+                   for i in range(args.servers)]
+        clients = [stack.enter_context(SpecOPDClient(s.url)) for s in servers]
+        client, pool = clients[0], ClientPool(clients)
         timings["server_start_s"] = time.monotonic() - t0
         t1 = time.monotonic()
         deadline = t1 + 60 * args.generate_minutes if args.generate_minutes else None
-        cache = regenerate(client, tok, _UntilDeadline(records, deadline), data / "responses.jsonl",
+        cache = regenerate(pool, tok, _UntilDeadline(records, deadline), data / "responses.jsonl",
                            max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
-                           concurrency=args.concurrency)
+                           concurrency=args.concurrency * args.servers)
+        timings["responses_per_server"] = pool.served
         timings["generate_s"] = time.monotonic() - t1
         if not args.no_snapshot and (shard := write_shard(data / "responses.jsonl", SNAPSHOT)):
             print(f"new snapshot shard {shard} (commit it: the next machine starts from it)", file=sys.stderr)
@@ -141,7 +152,7 @@ def collect(args) -> int:
                      "feature_tokens": feat_tokens,
                      "feature_tokens_per_s": (feat_tokens / timings["features_s"]) if added else None,
                      "timings_s": timings},
-        "concurrency": args.concurrency, "max_new_tokens": args.max_new_tokens, "feature_layer_ids": layer_ids,
+        "concurrency": args.concurrency, "servers": args.servers, "max_new_tokens": args.max_new_tokens, "feature_layer_ids": layer_ids,
         "data_dir": str(data),
         "features_cached": len(FeatureStore(data / "features", layer_ids).index),
     }
@@ -271,6 +282,71 @@ def report(args) -> int:
     return 0
 
 
+def ship(args) -> int:
+    """Copy the SFT drafter into the package as the reference drafter of SmolLM2 (bf16) with its training record.
+
+    Writes ``sglang_specopd/assets/drafters/<target>-b<B>/`` (config.json with ``dtype: bfloat16``,
+    model.safetensors, training_record.json: command, commit, data, steps and the result file's acceptance),
+    checked with ``check_drafter`` against the target before it replaces the previous one (git keeps that).
+    Raises SystemExit(2) when the drafter or the report's result file is missing or the copy fails the check.
+    """
+    import shutil
+    import subprocess
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from sglang_specopd.app.drafter_check import check_drafter
+    from sglang_specopd.app.models import prepare_model
+    from sglang_specopd.app.reference_drafters import ASSETS_DIR, RECORD, reference_drafter_name
+
+    run = Path(args.run_dir)
+    src = Path(args.drafter) if args.drafter else run / "drafter-sft"
+    result = RESULTS / "reference_drafter_smollm2_cpu.json"
+    if not (src / "model.safetensors").is_file() or not result.is_file():
+        print(f"error: need {src}/model.safetensors and {result} (run sft and report first)", file=sys.stderr)
+        return 2
+    measured = json.loads(result.read_text())
+    if measured.get("drafter", {}).get("sha256") != _sha256(src / "model.safetensors"):
+        print(f"error: {result} measured a different drafter than {src}: run report on it first", file=sys.stderr)
+        return 2
+    target = prepare_model("smollm2")
+    cfg = json.loads((src / "config.json").read_text())
+    dest = ASSETS_DIR / reference_drafter_name(target, cfg["dflash_config"]["block_size"])
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in load_file(str(src / "model.safetensors")).items()},
+              str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps({**cfg, "dtype": "bfloat16"}, indent=2) + "\n")
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
+    corpus = json.loads((RESULTS / "reference_corpus_smollm2_cpu.json").read_text())
+    record = {
+        "target": measured["target"], "reproduce": [
+            "python benchmarks/reference_drafter.py collect --servers 2",
+            f"python benchmarks/reference_drafter.py sft --steps {measured.get('steps')}",
+            "python benchmarks/reference_drafter.py report", "python benchmarks/reference_drafter.py ship"],
+        "shipped_from_commit": commit, "source_sha256_float32": measured["drafter"]["sha256"],
+        "data": {"snapshot": str(SNAPSHOT), "response_tokens": corpus.get("response_tokens"),
+                 "train_response_tokens": measured.get("train_tokens"),
+                 "train_sequences": measured.get("train_sequences")},
+        "steps": measured.get("steps"), "result_file": str(result),
+        "served_tau": {k: {"mean": v["mean"], "ci95": v["ci95"]} for k, v in measured["acceptance"].items()},
+        "dtype": "bfloat16 (trained in float32; the served configs load it in the server's dtype)",
+    }
+    (tmp / RECORD).write_text(json.dumps(record, indent=1) + "\n")
+    problems = check_drafter(tmp, target)
+    if problems:
+        print("error: the bf16 copy fails the drafter check:\n" + "\n".join(f"  - {p}" for p in problems),
+              file=sys.stderr)
+        return 2
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    size = (dest / "model.safetensors").stat().st_size
+    print(f"shipped {dest} ({size / 2**20:.1f} MiB): commit it", file=sys.stderr)
+    return 0
+
+
 def _plot_plateau(curve: list, acceptance: dict, path: Path) -> None:
     import matplotlib
 
@@ -302,7 +378,10 @@ def main(argv=None) -> int:
     c = sub.add_parser("collect", help="regenerate the corpus and fetch its features (resumes)")
     c.add_argument("--run-dir", default=str(RUN))
     c.add_argument("--config", default="cpu-smollm2-plain", help="server config (the target as served: bf16)")
-    c.add_argument("--concurrency", type=int, default=48)
+    c.add_argument("--concurrency", type=int, default=48, help="requests in flight per server")
+    c.add_argument("--servers", type=int, default=1,
+                   help="replicas of the plain server on ports --port, --port+1, ...: the least-loaded one takes "
+                        "each request (on CPU: one per core, as decode does not scale past one thread)")
     c.add_argument("--max-new-tokens", type=int, default=384)
     c.add_argument("--max-prompt-tokens", type=int, default=1536)
     c.add_argument("--math-problems", type=int, default=3000)
@@ -332,12 +411,15 @@ def main(argv=None) -> int:
     r.add_argument("--eval-limit", type=int, default=24, help="held-out prompts per domain (at least 24)")
     r.add_argument("--eval-max-new-tokens", type=int, default=128)
     r.add_argument("--concurrency", type=int, default=8)
-    r.add_argument("--port", type=int, default=31401)
+    r.add_argument("--port", type=int, default=31410)
+    sh = sub.add_parser("ship", help="copy the reported SFT drafter into the package (bf16) with its record")
+    sh.add_argument("--run-dir", default=str(RUN))
+    sh.add_argument("--drafter", default=None, help="drafter dir (default RUN/drafter-sft)")
     args = ap.parse_args(argv)
     import torch
 
     torch.set_num_threads(2)
-    return {"collect": collect, "sft": sft, "report": report, "snapshot": snapshot}[args.stage](args)
+    return {"collect": collect, "sft": sft, "report": report, "snapshot": snapshot, "ship": ship}[args.stage](args)
 
 
 if __name__ == "__main__":

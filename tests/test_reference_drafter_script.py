@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -66,3 +67,45 @@ def test_snapshot_stage_adds_a_shard_of_new_responses_only(tmp_path: Path, monke
     assert [r["id"] for r in iter_snapshot(tmp_path / "snap")] == ["math-1"]
     assert rd.main(["snapshot", "--run-dir", str(tmp_path / "run")]) == 0
     assert "nothing new" in capsys.readouterr().err
+
+
+def test_ship_copies_the_reported_drafter_in_bf16_with_its_record(tmp_path: Path, monkeypatch, tiny_target: Path,
+                                                                  tiny_drafter: Path) -> None:
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    import sglang_specopd.app.models as models
+    import sglang_specopd.app.reference_drafters as refs
+    from sglang_specopd.app.drafter_check import check_drafter
+
+    rd = load_benchmark("reference_drafter")
+    results, assets = tmp_path / "results", tmp_path / "assets"
+    results.mkdir()
+    monkeypatch.setattr(rd, "RESULTS", results)
+    monkeypatch.setattr(refs, "ASSETS_DIR", assets)
+    monkeypatch.setattr(models, "prepare_model", lambda name: tiny_target)
+    src = tmp_path / "run" / "drafter-sft"
+    shutil.copytree(tiny_drafter, src)
+    measured = {"target": "tiny", "steps": 400, "train_tokens": 1234, "train_sequences": 9,
+                "acceptance": {"T0": {"mean": 1.9, "ci95": [1.8, 2.0]}, "T1": {"mean": 1.7, "ci95": [1.6, 1.8]}},
+                "drafter": {"sha256": "0" * 64}}
+    (results / "reference_drafter_smollm2_cpu.json").write_text(json.dumps(measured))
+    (results / "reference_corpus_smollm2_cpu.json").write_text(json.dumps({"response_tokens": 5000}))
+    args = argparse.Namespace(run_dir=str(tmp_path / "run"), drafter=None)
+    assert rd.ship(args) == 2 and not assets.exists()  # the result file measured another drafter
+
+    measured["drafter"]["sha256"] = rd._sha256(src / "model.safetensors")
+    (results / "reference_drafter_smollm2_cpu.json").write_text(json.dumps(measured))
+    assert rd.ship(args) == 0
+    dest = assets / refs.reference_drafter_name(tiny_target, 4)
+    assert check_drafter(dest, tiny_target) == []
+    shipped, source = load_file(str(dest / "model.safetensors")), load_file(str(src / "model.safetensors"))
+    assert shipped.keys() == source.keys() and all(t.dtype == torch.bfloat16 for t in shipped.values())
+    assert all(torch.equal(shipped[k], source[k].to(torch.bfloat16)) for k in source)
+    record = json.loads((dest / refs.RECORD).read_text())
+    assert record["steps"] == 400 and record["served_tau"]["T0"] == {"mean": 1.9, "ci95": [1.8, 2.0]}
+    assert record["data"]["response_tokens"] == 5000 and record["source_sha256_float32"] == measured["drafter"]["sha256"]
+    assert json.loads((dest / "config.json").read_text())["dtype"] == "bfloat16"
+    assert not dest.with_name(dest.name + ".tmp").exists()

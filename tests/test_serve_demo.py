@@ -22,6 +22,7 @@ BLOCK = 4  # conftest.TINY_BLOCK_SIZE: the tiny drafter's block size
 @pytest.fixture()
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("SPECOPD_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SPECOPD_REFERENCE_DRAFTERS", str(tmp_path / "reference"))  # none ships unless a test puts one
     return tmp_path / "home"
 
 
@@ -134,3 +135,60 @@ def test_demo_serves_and_names_the_trained_drafter(home: Path, tiny_target: Path
     out = result.output
     assert f"drafter: {specopd} (newest trained drafter: SpecOPD drafter of `specopd main`" in out, out
     assert "error: fake server: not started" in out
+
+
+
+def test_reference_drafter_is_the_default_until_the_user_trains_one(home: Path, tiny_target: Path,
+                                                                    tiny_drafter: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shipped reference drafter: `drafter: default` serves it (serve and demo); a drafter the user trained with
+    `specopd main` later beats it in the demo; one that does not fit the target, or SPECOPD_REFERENCE_DRAFTERS=off,
+    falls back to the random-init default."""
+    from sglang_specopd.app.reference_drafters import reference_drafter, reference_drafter_name
+    from sglang_specopd.app.serve import resolve_drafter
+
+    cfg = _cfg(tiny_target)
+    ref = _place(tiny_drafter, tmp_path / "reference" / reference_drafter_name(tiny_target, BLOCK), 1_000_000)
+    assert ref.name == f"{tiny_target.name}-b{BLOCK}" and reference_drafter(tiny_target, BLOCK) == ref
+    assert reference_drafter(tiny_target, 8) is None  # no block-8 reference ships
+    for prefer in (False, True):
+        choice = choose_drafter(cfg, tiny_target, prefer_trained=prefer)
+        assert choice.path == ref and choice.how.startswith(f"reference drafter shipped for {tiny_target.name}")
+    assert resolve_drafter(cfg, tiny_target) == ref
+    assert not (home / "drafters" / f"{tiny_target.name}-b{BLOCK}-l2").exists()  # no random drafter was made
+
+    sft = _place(tiny_drafter, _sft(home, tiny_target), 500_000)  # trained by the user: the demo prefers it
+    assert choose_drafter(cfg, tiny_target, prefer_trained=True).path == sft
+    assert choose_drafter(cfg, tiny_target).path == ref  # `specopd serve` keeps the reference for `default`
+    shutil.rmtree(sft)
+
+    cfg_json = ref / "config.json"  # a reference for another model under the same name: skipped
+    cfg_json.write_text(cfg_json.read_text().replace('"hidden_size": 64', '"hidden_size": 96'))
+    assert reference_drafter(tiny_target, BLOCK) is None
+    assert choose_drafter(cfg, tiny_target, prefer_trained=True).how == DEFAULT_HOW
+    monkeypatch.setenv("SPECOPD_REFERENCE_DRAFTERS", "off")
+    assert reference_drafter(tiny_target, BLOCK) is None
+
+@pytest.mark.server
+def test_demo_prints_speedup_against_plain_serving_in_the_same_run(home: Path, tiny_target: Path,
+                                                                    tiny_drafter: Path, tmp_path: Path) -> None:
+    """Real servers (SPECOPD, then plain): the demo prints both decode rates and the speedup, and the fp32 greedy
+    replies of the two servers are identical (speculative decoding is lossless)."""
+    import re
+
+    import yaml
+    from typer.testing import CliRunner
+
+    import sglang_specopd.app.cli_demo  # noqa: F401  (registers `demo` on the app)
+    from sglang_specopd.app.cli_apps import app
+
+    cfg_file = tmp_path / "demo.yaml"
+    cfg_file.write_text(yaml.safe_dump(_cfg(tiny_target, max_total_tokens=4096).model_dump(exclude_defaults=True)))
+    result = CliRunner().invoke(app, ["demo", "--config", str(cfg_file), "--drafter", str(tiny_drafter),
+                                      "--max-tokens", "24", "--prompt", "def add(a, b):"])
+    out = result.output
+    assert result.exit_code == 0, out
+    assert "speculative vs plain serving" in out and "plain (no drafter)" in out, out
+    m = re.search(r"speedup vs plain serving: (\d+\.\d+)x \(one request at concurrency 1; replies (\w+)", out)
+    assert m is not None, out
+    assert float(m.group(1)) > 0 and m.group(2) == "identical", out

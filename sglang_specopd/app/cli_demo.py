@@ -2,7 +2,9 @@
 
 Prepares SmolLM2-135M-Instruct if needed, starts the SPECOPD server of ``server_configs/cpu-smollm2.yaml``,
 sends one chat completion through the OpenAI-compatible API (asking for the acceptance trace), prints the reply
-and the acceptance statistics SGLang and the plugin report, and stops the server.
+and the acceptance statistics SGLang and the plugin report, and stops the server. Then (unless ``--no-compare``)
+it serves the same target without a drafter and sends the same request, and prints both decode rates and the
+speedup measured in this run: one prompt, so indicative only (``specopd bench serve`` measures with intervals).
 
 The drafter: ``--drafter`` if given, else the newest drafter ``specopd main`` trained for this target (SpecOPD or
 SFT, if one fits), else the random-init default (:func:`sglang_specopd.app.serve.choose_drafter`); the demo
@@ -26,9 +28,11 @@ def demo(
     port: int = typer.Option(0, "--port", help="0 = any free port."),
     drafter: Optional[str] = typer.Option(None, "--drafter", help="Serve this drafter directory (default: the "
                                           "newest drafter `specopd main` trained, else the random-init one)."),
+    compare: bool = typer.Option(True, "--compare/--no-compare",
+                                 help="Also serve without a drafter and print the speedup measured in this run."),
 ) -> None:
-    """Serve the default target with SPECOPD, send one chat completion, print reply + acceptance stats, stop."""
-    import httpx
+    """Serve the default target with SPECOPD, send one chat completion, print reply + acceptance stats, stop;
+    then the same request without a drafter, and the speedup."""
     from rich.console import Console
     from rich.table import Table
 
@@ -58,12 +62,7 @@ def demo(
     ok = False
     try:
         console.print(f"server healthy after {server.time_to_healthy_s:.1f} s at {server.url}")
-        body = {"model": "default", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-                "temperature": 0, "return_meta_info": True, "custom_params": {"specopd_trace": True}}
-        r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=600)
-        r.raise_for_status()
-        reply = r.json()["choices"][0]
-        meta = reply.get("meta_info") or {}
+        reply, meta, spec_s = timed_chat(server.url, prompt, max_tokens, trace=True)
         typer.echo(f"\nuser: {prompt}\nassistant: {reply['message']['content']}\n")
         table = Table(title="acceptance statistics (this request)")
         table.add_column("metric")
@@ -84,3 +83,64 @@ def demo(
         if ok:  # the SGLang log is only worth keeping when something went wrong
             server.log_path.unlink(missing_ok=True)
         typer.echo("server stopped" if ok else f"server stopped; SGLang's log: {server.log_path}", err=True)
+    if compare and cfg.speculative_algorithm is not None and spec.drafter_path:
+        _compare_with_plain(cfg, port, prompt, max_tokens, reply, meta, spec_s)
+
+
+def timed_chat(url: str, prompt: str, max_tokens: int, trace: bool = False) -> tuple:
+    """One greedy chat completion after a 4-token warm-up request: ``(choice, meta_info, seconds)``, the seconds
+    those of the timed request alone (client wall clock, HTTP included). Raises httpx.HTTPStatusError on 4xx/5xx."""
+    import time
+
+    import httpx
+
+    body = {"model": "default", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, "return_meta_info": True}
+    if trace:
+        body["custom_params"] = {"specopd_trace": True}
+    httpx.post(url + "/v1/chat/completions", json={**body, "max_tokens": 4}, timeout=600).raise_for_status()
+    t0 = time.perf_counter()
+    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=600)
+    seconds = time.perf_counter() - t0
+    r.raise_for_status()
+    data = r.json()
+    choice = data["choices"][0]
+    meta = dict(choice.get("meta_info") or {})
+    meta.setdefault("completion_tokens", (data.get("usage") or {}).get("completion_tokens"))
+    return choice, meta, seconds
+
+
+def _compare_with_plain(cfg, port: int, prompt: str, max_tokens: int, spec_reply: dict, spec_meta: dict,
+                        spec_s: float) -> None:
+    """Serve ``cfg``'s target without a drafter, send the same request, print both rates and the speedup."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from sglang_specopd.app.launch import SGLangServer, ServeError, free_port
+    from sglang_specopd.app.serve import launch_spec
+
+    plain_cfg = cfg.model_copy(update={"name": f"{cfg.name}-plain", "drafter": None, "speculative_algorithm": None})
+    console = Console(stderr=True)
+    with console.status(f"starting SGLang without a drafter ({plain_cfg.name}) for the comparison ..."):
+        try:
+            server = SGLangServer(launch_spec(plain_cfg, port=port or free_port())).start()
+        except ServeError as exc:
+            typer.echo(f"comparison skipped: the plain server did not start: {exc}", err=True)
+            return
+    try:
+        reply, meta, plain_s = timed_chat(server.url, prompt, max_tokens)
+    finally:
+        server.stop()
+        server.log_path.unlink(missing_ok=True)
+    spec_tokens, plain_tokens = spec_meta.get("completion_tokens") or 0, meta.get("completion_tokens") or 0
+    spec_rate, plain_rate = spec_tokens / spec_s, plain_tokens / plain_s
+    table = Table(title="speculative vs plain serving (this run, this prompt)")
+    for col in ("server", "completion tokens", "seconds", "tokens/s"):
+        table.add_column(col, justify="right" if col != "server" else "left")
+    table.add_row(f"{cfg.speculative_algorithm} + drafter", str(spec_tokens), f"{spec_s:.2f}", f"{spec_rate:.1f}")
+    table.add_row("plain (no drafter)", str(plain_tokens), f"{plain_s:.2f}", f"{plain_rate:.1f}")
+    Console().print(table)
+    same = spec_reply["message"]["content"] == reply["message"]["content"]
+    typer.echo(f"speedup vs plain serving: {spec_rate / plain_rate:.2f}x (one request at concurrency 1; "
+               f"replies {'identical' if same else 'differ (bf16 rounding can flip a near-tie)'}; "
+               f"`specopd bench serve` measures with intervals)")

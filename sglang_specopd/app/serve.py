@@ -31,7 +31,9 @@ def default_drafter_dir(target_dir: Path, block_size: int) -> Path:
 
 
 def resolve_drafter(cfg: ServeConfig, target_dir: Path) -> Optional[Path]:
-    """The drafter directory for ``cfg`` (created for ``drafter: default`` when missing), validated.
+    """The drafter directory for ``cfg``, validated. ``drafter: default`` is the reference drafter shipped for the
+    target and block size (:mod:`sglang_specopd.app.reference_drafters`) when there is one, else the random-init
+    default drafter (created when missing).
 
     Raises:
         DrafterInvalidError: the drafter fails :func:`sglang_specopd.app.drafter_check.check_drafter`.
@@ -41,7 +43,10 @@ def resolve_drafter(cfg: ServeConfig, target_dir: Path) -> Optional[Path]:
     from sglang_specopd.app.drafter_check import check_drafter
 
     if cfg.drafter == "default":
-        drafter = default_drafter_dir(target_dir, cfg.block_size or DEFAULT_BLOCK_SIZE)
+        from sglang_specopd.app.reference_drafters import reference_drafter
+
+        drafter = (reference_drafter(target_dir, cfg.block_size or DEFAULT_BLOCK_SIZE)
+                   or default_drafter_dir(target_dir, cfg.block_size or DEFAULT_BLOCK_SIZE))
         if not (drafter / "config.json").is_file():
             from sglang_specopd.wire.drafter_init import init_drafter
 
@@ -176,7 +181,9 @@ def choose_drafter(cfg: ServeConfig, target_dir: Path, override: Optional[str] =
 
     Order: ``override`` (``--drafter``); no drafter when the config has none; the config's drafter directory; for
     ``drafter: default`` with ``prefer_trained`` (``specopd demo``) the newest fitting trained drafter
-    (:func:`newest_trained_drafter`); else the random-init default drafter (:func:`default_drafter_dir`).
+    (:func:`newest_trained_drafter`); then the shipped reference drafter of the target
+    (:func:`sglang_specopd.app.reference_drafters.reference_drafter`); else the random-init default drafter
+    (:func:`default_drafter_dir`).
     """
     if override is not None:
         return DrafterChoice(Path(override).expanduser(), "given with --drafter")
@@ -189,6 +196,12 @@ def choose_drafter(cfg: ServeConfig, target_dir: Path, override: Optional[str] =
         found = newest_trained_drafter(target_dir, block)
         if found is not None:
             return found
+    from sglang_specopd.app.reference_drafters import reference_drafter
+
+    shipped = reference_drafter(target_dir, block)
+    if shipped is not None:
+        return DrafterChoice(shipped, f"reference drafter shipped for {target_dir.name} (block {block}; how it was "
+                                      f"trained: {shipped / 'training_record.json'})")
     how = DEFAULT_HOW if prefer_trained else (f"config {cfg.name!r} asks for the random-init default drafter; "
                                               "serve a trained one with --drafter DIR")
     return DrafterChoice(default_drafter_dir(target_dir, block), how)
