@@ -50,7 +50,7 @@ def test_replay_reproduces_the_servers_t0_proposals(tiny_target: Path, tmp_path:
         checked, mismatches = 0, []
         with torch.no_grad():
             for r, b, sc in zip(rollouts, blocks, scored):
-                _, q = block_rows(drafter, b, sc, "float32")
+                _, q, _ = block_rows(drafter, b, sc, "float32")
                 ours = q.view(len(r.records), g, -1).argmax(-1).tolist()
                 for x, mine in zip(r.records, ours):
                     checked += 1

@@ -51,7 +51,7 @@ def run_main_job(cfg: MainJobConfig, console=None) -> Dict:
     from sglang_specopd.wire.home import drafters_dir, specopd_home
     from sglang_specopd.app.serve import config_path, launch_spec
     from specopd_trainer.client import SpecOPDClient
-    from specopd_trainer.drafters.dflash import DFlashDrafter
+    from specopd_trainer.drafters.registry import drafter_class_for_checkpoint
     from specopd_trainer.evaluate import evaluate_acceptance
     from specopd_trainer.algorithms import registry
     from specopd_trainer.algorithms.registry import TrainContext
@@ -89,7 +89,7 @@ def run_main_job(cfg: MainJobConfig, console=None) -> Dict:
         f"{' (the shipped reference drafter)' if reference else ''} ...")
     with SGLangServer(spec) as server, SpecOPDClient(server.url) as client:
         say(f"server healthy after {server.time_to_healthy_s:.0f} s at {server.url}")
-        drafter = DFlashDrafter.from_pretrained(spec.drafter_path, target)
+        drafter = drafter_class_for_checkpoint(spec.drafter_path).from_pretrained(spec.drafter_path, target)
         t0 = time.monotonic()
         train, holdout = prepare_sequences(client, tok, drafter.spec.target_layer_ids, work / "data",
                                            per_domain=cfg.per_domain, max_new_tokens=cfg.max_new_tokens)

@@ -2,9 +2,11 @@
 
 SpecOPD samples K branches per anchor from the drafter. Branches that share their first tokens share tree
 nodes (a trie), so the target scores every distinct (prefix, slot) once. Every per-slot quantity of the
-losses below depends only on the row (the target's distribution p at that prefix) and the slot (the drafter's
-distribution q for that slot at that anchor: DFlash drafts all slots in parallel, so q does not depend on the
-sampled history). So the loss is computed on the R distinct rows and gathered to the N branches x G slots:
+losses below depends only on the row (the target's distribution p at that prefix) and the draft row ``row_draft[r]``
+it is compared with (DFlash drafts all slots in parallel, so one draft row per (anchor, slot) serves every tree row
+of that slot; a drafter whose slot q depends on the tokens drafted before it, DFlash V2 or DSpark, passes one draft
+row per tree row, ``row_draft = arange(R)``). So the loss is computed on the R distinct rows and gathered to the
+N branches x G slots:
 
     alpha_r = sum_v min(p_r(v), q_{d(r)}(v))                  (R rows; q softmaxed once per draft row d)
     alpha[n, i] = alpha_{row_index[n, i]}                      (N branches, G slots)
@@ -65,7 +67,8 @@ def tree_alpha(target_rows: torch.Tensor, draft_logits: torch.Tensor, row_draft:
     """Per-(branch, slot) acceptance probability alpha, fp32 ``[N, G]``, computed once per distinct row.
 
     target_rows: ``[R, V]`` target logits, one per distinct tree row. draft_logits: ``[Q, V]`` drafter logits,
-    one per distinct (anchor, slot) (DFlash: q does not depend on the sampled history). row_draft: int64 ``[R]``,
+    one per distinct (anchor, slot) for DFlash (q does not depend on the sampled history), one per tree row for
+    semi-autoregressive drafters (q conditioned on the row's path). row_draft: int64 ``[R]``,
     the draft row each target row is compared with. row_index: int64 ``[N, G]`` into the R rows. The draft
     softmax runs once per Q row (gathered by ``row_draft``). Backend: ``e2e_tv_fused`` always uses the Triton
     kernel (CUDA, or TRITON_INTERPRET=1) on the gathered rows; ``e2e_tv`` uses it on CUDA tensors when Triton

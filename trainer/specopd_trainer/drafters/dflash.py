@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import nn
@@ -177,6 +177,26 @@ class DFlashDrafter(nn.Module):
         blocks = make_blocks(token_ids.cpu(), anchors, self.block_size, self.spec.mask_token_id)
         hidden = self.forward_blocks(ctx_features, blocks.input_ids, blocks.positions, blocks.anchors, slots)
         return hidden, blocks.labels.to(hidden.device)
+
+    def slot_q(self, ctx_features: torch.Tensor, token_ids: torch.Tensor, anchors: torch.Tensor,
+               roots: Optional[torch.Tensor] = None, head: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
+        """The drafter's q at ``anchors [A]`` (slots 1..G) and at ``roots [R]`` (slot 1 only) of one sequence: an
+        :class:`~specopd_trainer.drafters.slot_q.IndependentSlotQ` (every architecture has ``slot_q``; see
+        :mod:`specopd_trainer.drafters.slot_q`). One forward over all A + R blocks whose last layer and vocabulary
+        head run on the slots used only; ``head`` maps hidden ``[..., H]`` to logits ``[..., V]`` (default the
+        target head's ``logits``; e.g. a cached bf16 head). Logits come back fp32 with their graph."""
+        from specopd_trainer.drafters.slot_q import IndependentSlotQ
+
+        anchors = torch.as_tensor(anchors, dtype=torch.long)
+        roots = anchors[:0] if roots is None else torch.as_tensor(roots, dtype=torch.long)
+        a_n, r_n, b = anchors.numel(), roots.numel(), self.block_size
+        slots = torch.zeros(a_n + r_n, b, dtype=torch.bool)
+        slots[:a_n, 1:] = True
+        slots[a_n:, 1] = True
+        hidden, _ = self.block_hidden(ctx_features, token_ids, torch.cat([anchors, roots]), slots)
+        head = head or self._head().logits
+        return IndependentSlotQ(head(hidden[: a_n * (b - 1)].view(a_n, b - 1, -1)).float(),
+                                head(hidden[a_n * (b - 1):]).float())
 
     # ---- proposals ----------------------------------------------------------------------------------------
     @staticmethod

@@ -30,7 +30,7 @@ from sglang_specopd.wire.drafter_dflash2 import DFlash2Spec
 from specopd_trainer.drafters.conv import ConvDecoderLayer
 from specopd_trainer.drafters.dflash import DFlashDrafter
 from specopd_trainer.drafters.registry import register_drafter
-from specopd_trainer.drafters.semi_ar import SemiARDrafter, pick_slot, previous_tokens
+from specopd_trainer.drafters.semi_ar import SemiARDrafter, path_previous, pick_slot, previous_tokens
 
 
 class CandidateSelector(nn.Module):
@@ -100,6 +100,19 @@ class DFlash2Drafter(SemiARDrafter):
         ``U_k`` over all tokens + the selector term. ``hidden [M, S, H]``, ``anchor [M]``, ``branch [M, S]``."""
         prev = previous_tokens(anchor_tokens, branch_tokens)
         return self.candidate_selector.vocab_scores(hidden, prev, self._transform(self._head().logits(hidden)))
+
+    def unary_logits(self, hidden: torch.Tensor, head=None) -> torch.Tensor:
+        """``U`` over the whole vocabulary: the transformed head logits, fp32 ``[..., V]`` (``head``: replaces the
+        target head's ``logits``)."""
+        return self._transform((head or self._head().logits)(hidden))
+
+    def path_bias(self, hidden: torch.Tensor, anchor_tokens: torch.Tensor, path: torch.Tensor,
+                  slot: torch.Tensor) -> torch.Tensor:
+        """The selector term ``<A[y_{k-1}] * (W h_k), B[.]>`` ``[M, V]`` fp32 of slot ``slot[m]`` after the token
+        before it on the row's ``path`` (the anchor for slot 0); see :meth:`SemiARDrafter.path_bias`."""
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        state = self.candidate_selector.state(hidden[rows, slot], path_previous(anchor_tokens, path, slot))
+        return state @ self.candidate_selector.successor_codebook.float().T
 
     def candidate_scores(self, hidden: torch.Tensor, anchor_tokens: torch.Tensor, branch_tokens: torch.Tensor
                          ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,7 +20,7 @@ import torch
 from sglang_specopd.wire.drafter_dspark import DSparkSpec
 from specopd_trainer.drafters.markov import MARKOV_HEADS, ConfidenceHead
 from specopd_trainer.drafters.registry import register_drafter
-from specopd_trainer.drafters.semi_ar import SemiARDrafter, pick_slot, previous_tokens
+from specopd_trainer.drafters.semi_ar import SemiARDrafter, path_previous, pick_slot, previous_tokens
 
 
 @register_drafter("dspark")
@@ -53,6 +53,25 @@ class DSparkDrafter(SemiARDrafter):
             bias, state = head.step_bias(prev[:, k], hidden[:, k], state)
             out.append(bias.float())
         return torch.stack(out, dim=1)
+
+    def unary_logits(self, hidden: torch.Tensor, head=None) -> torch.Tensor:
+        """The base logits ``[..., V]`` fp32 (``head``: replaces the target head's ``logits``)."""
+        return (head or self._head().logits)(hidden).float()
+
+    def path_bias(self, hidden: torch.Tensor, anchor_tokens: torch.Tensor, path: torch.Tensor,
+                  slot: torch.Tensor) -> torch.Tensor:
+        """The Markov bias ``[M, V]`` fp32 of slot ``slot[m]`` given the row's ``path`` (see
+        :meth:`SemiARDrafter.path_bias`): stateless heads read the token before the slot; the rnn head runs its
+        state through the path's earlier slots first (rows stop at their own slot)."""
+        head, dev = self.markov_head, hidden.device
+        rows = torch.arange(hidden.shape[0], device=dev)
+        state = head.init_state(hidden[:, 0])
+        if head.stateful:
+            for k in range(int(slot.max()) if slot.numel() else 0):
+                prev = path_previous(anchor_tokens, path, torch.full_like(slot, k))
+                nxt = head.next_state(prev, hidden[:, k], state)
+                state = torch.where((k < slot).view(-1, 1), nxt, state)
+        return head.step_bias(path_previous(anchor_tokens, path, slot), hidden[rows, slot], state)[0].float()
 
     def conditional_logits(self, hidden: torch.Tensor, anchor_tokens: torch.Tensor,
                            branch_tokens: torch.Tensor) -> torch.Tensor:

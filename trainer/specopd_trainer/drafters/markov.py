@@ -75,13 +75,21 @@ class RNNMarkov(VanillaMarkov):
     def init_state(self, hidden: torch.Tensor) -> torch.Tensor:
         return torch.zeros(hidden.shape[0], self.rank, device=hidden.device, dtype=hidden.dtype)
 
-    def step_bias(self, prev: torch.Tensor, hidden: torch.Tensor, state: Optional[torch.Tensor]
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One slot: ``prev [M]``, ``hidden [M, H]``, ``state [M, r]``."""
+    def _step(self, prev: torch.Tensor, hidden: torch.Tensor, state: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
         z = torch.cat([state, self.embed(prev), hidden], dim=-1)
         gate_raw, cand_raw, out_raw = self.joint_proj(z).chunk(3, dim=-1)
         gate = torch.sigmoid(gate_raw)
-        state = gate * state + (1.0 - gate) * torch.tanh(cand_raw)
+        return gate * state + (1.0 - gate) * torch.tanh(cand_raw), out_raw
+
+    def next_state(self, prev: torch.Tensor, hidden: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """The state after one slot (:meth:`step_bias` without the ``[M, V]`` bias): ``[M, r]``."""
+        return self._step(prev, hidden, state)[0]
+
+    def step_bias(self, prev: torch.Tensor, hidden: torch.Tensor, state: Optional[torch.Tensor]
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One slot: ``prev [M]``, ``hidden [M, H]``, ``state [M, r]``."""
+        state, out_raw = self._step(prev, hidden, state)
         return self.markov_w2(torch.tanh(out_raw)), state
 
 

@@ -10,14 +10,16 @@ forward has (``num_query_rows``) and which row feeds slot 1 (``first_slot_row``)
 ``[anchor, MASK x (B-1)]``, row k -> slot k), 0 for DSpark's anchor-first convention (rows ``[anchor, MASK x
 (B-2)]``, row k-1 -> slot k).
 
-Subclasses implement :meth:`conditional_logits`, :meth:`branch_log_probs` and :meth:`sample_branches`; this
-module gives the block forwards (:meth:`slot_hidden`, training mask; :meth:`serve_slot_hidden`, one served
-block), teacher-forced training logits in the DFlash layout (:meth:`logits`) and proposals.
+Subclasses implement :meth:`conditional_logits`, :meth:`branch_log_probs`, :meth:`sample_branches` and its split
+into :meth:`unary_logits` + :meth:`path_bias`; this module gives the block forwards (:meth:`slot_hidden`, training
+mask; :meth:`serve_slot_hidden`, one served block), teacher-forced training logits in the DFlash layout
+(:meth:`logits`, SFT), proposals, and :meth:`slot_q`, the conditional q that SpecOPD / Draft-OPD sample branches
+from and train through proposal trees (:mod:`specopd_trainer.drafters.slot_q`).
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -52,6 +54,13 @@ def previous_tokens(anchor_tokens: torch.Tensor, branch_tokens: torch.Tensor) ->
     return torch.cat([anchor_tokens.view(-1, 1), branch_tokens[:, :-1]], dim=1).long()
 
 
+def path_previous(anchor_tokens: torch.Tensor, path: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+    """The token drafted just before slot ``slot[m]`` (0-based column) of row m: the anchor for slot 0, else
+    ``path[m, slot[m] - 1]``. ``anchor [M]``, ``path [M, P]``, ``slot [M]`` long; returns long ``[M]``."""
+    before = path.long().gather(1, (slot - 1).clamp(min=0).view(-1, 1))[:, 0]
+    return torch.where(slot > 0, before, anchor_tokens.long().to(path.device))
+
+
 class SemiARDrafter(DFlashDrafter):
     """A DFlash-backbone drafter with a left-to-right head (see the module docstring)."""
 
@@ -83,6 +92,34 @@ class SemiARDrafter(DFlashDrafter):
                         ) -> tuple[torch.Tensor, torch.Tensor]:
         """Draw blocks left to right: ``(tokens [M, S] long, log q [M, S] fp32)``; temperature 0 = greedy walk."""
         raise NotImplementedError
+
+    def unary_logits(self, hidden: torch.Tensor, head: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+                     ) -> torch.Tensor:
+        """The path-free part of each slot's logits, fp32 ``[..., V]`` for ``hidden [..., H]``; ``head`` replaces
+        the target head's ``logits`` (e.g. a bf16 copy). :meth:`conditional_logits` = this + :meth:`path_bias`."""
+        raise NotImplementedError
+
+    def path_bias(self, hidden: torch.Tensor, anchor_tokens: torch.Tensor, path: torch.Tensor,
+                  slot: torch.Tensor) -> torch.Tensor:
+        """The path-dependent part of the logits, fp32 ``[M, V]``, of slot ``slot[m]`` (0-based) of row m given
+        the tokens ``path[m, :slot[m]]`` drafted before it (later columns ignored). ``hidden [M, S, H]`` (the row's
+        block), ``anchor [M]``, ``path [M, P]``, ``slot [M]`` long."""
+        raise NotImplementedError
+
+    def slot_q(self, ctx_features: torch.Tensor, token_ids: torch.Tensor, anchors: torch.Tensor,
+               roots: Optional[torch.Tensor] = None, head: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
+        """The conditional q at ``anchors [A]`` (and slot 1 at ``roots [R]``) of one sequence, one forward (the
+        training mask): a :class:`~specopd_trainer.drafters.slot_q.ConditionalSlotQ` (branch sampling, greedy
+        walk, per-tree-row logits). ``head``: as in :meth:`unary_logits`."""
+        from specopd_trainer.drafters.slot_q import ConditionalSlotQ
+
+        anchors = torch.as_tensor(anchors, dtype=torch.long)
+        roots = anchors[:0] if roots is None else torch.as_tensor(roots, dtype=torch.long)
+        a_n = anchors.numel()
+        hidden, _, anchor_tokens = self.slot_hidden(ctx_features, token_ids, torch.cat([anchors, roots]))
+        hidden = hidden.to(self.fc.weight.dtype)  # an autocast forward's bf16 rows: path_bias runs outside autocast
+        return ConditionalSlotQ(self, hidden[:a_n], anchor_tokens[:a_n], self.unary_logits(hidden[:a_n], head),
+                                hidden[a_n:], anchor_tokens[a_n:], self.unary_logits(hidden[a_n:, 0], head))
 
     @staticmethod
     def _uniforms(m: int, s: int, uniforms: Optional[torch.Tensor], generator: Optional[torch.Generator],
@@ -140,10 +177,10 @@ class SemiARDrafter(DFlashDrafter):
     def forward_blocks(self, *args, **kwargs) -> torch.Tensor:
         """Refused: the rows differ from DFlash's and a slot's distribution is not ``target_head.logits`` of its
         hidden state. Use :meth:`slot_hidden` with :meth:`conditional_logits`. Raises NotImplementedError."""
-        raise NotImplementedError(f"{type(self).__name__}: slots are not independent; use slot_hidden and "
-                                  "conditional_logits / branch_log_probs")
+        raise NotImplementedError(f"{type(self).__name__}: slots are not independent; use slot_q (training over "
+                                  "proposal trees) or slot_hidden and conditional_logits / branch_log_probs")
 
-    block_hidden = forward_blocks  # SpecOPD's draft_slot_logits (hidden -> target head) would be wrong here
+    block_hidden = forward_blocks  # DFlash's per-slot hidden -> target head would be wrong here: use slot_q
 
     # ---- DFlash-compatible training interface -------------------------------------------------------------
     def logits(self, ctx_features: torch.Tensor, token_ids: torch.Tensor,

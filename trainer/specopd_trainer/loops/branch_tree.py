@@ -28,6 +28,9 @@ class PackedBranches:
     ``A + num_nodes`` scored rows. row_anchor / row_slot: int64 ``[A + num_nodes]``, the anchor (0..A-1) and
     the 0-based slot (0..G-1) each row predicts; row_token: int64 ``[A + num_nodes]``, the branch token sitting
     at each node row (-1 at anchor rows), i.e. the token drafted at the slot BEFORE the one the row predicts.
+    row_path: int64 ``[A + num_nodes, max(D, 1)]``, the branch tokens from the anchor down to each row
+    (``row_path[r, :row_slot[r]]``; 0 after them): what a semi-autoregressive drafter's q at that row is
+    conditioned on (:meth:`specopd_trainer.drafters.slot_q.ConditionalSlotQ.tree_logits`).
     """
 
     tokens: List[List[int]]
@@ -36,6 +39,7 @@ class PackedBranches:
     row_anchor: torch.Tensor
     row_slot: torch.Tensor
     row_token: torch.Tensor
+    row_path: torch.Tensor
 
     @property
     def num_nodes(self) -> int:
@@ -58,6 +62,8 @@ def pack_branches(branches: torch.Tensor, scored_depth: int) -> PackedBranches:
     all_tokens, all_parents = [], []
     row_index = torch.empty(a_n * k_n, scored_depth + 1, dtype=torch.int64)
     row_anchor, row_slot = list(range(a_n)), [0] * a_n
+    width = max(scored_depth, 1)
+    row_path = [[0] * width for _ in range(a_n)]
     offset = a_n
     for j in range(a_n):
         children: dict = {}
@@ -77,6 +83,7 @@ def pack_branches(branches: torch.Tensor, scored_depth: int) -> PackedBranches:
                     parents.append(parent)
                     row_anchor.append(j)
                     row_slot.append(m + 1)
+                    row_path.append(toks[j][b][: m + 1] + [0] * (width - m - 1))
                 row_index[n, m + 1] = offset + node
                 parent = node
         all_tokens.append(tokens)
@@ -84,4 +91,5 @@ def pack_branches(branches: torch.Tensor, scored_depth: int) -> PackedBranches:
         offset += len(tokens)
     row_token = [-1] * a_n + [t for tokens in all_tokens for t in tokens]
     return PackedBranches(all_tokens, all_parents, row_index, torch.tensor(row_anchor, dtype=torch.int64),
-                          torch.tensor(row_slot, dtype=torch.int64), torch.tensor(row_token, dtype=torch.int64))
+                          torch.tensor(row_slot, dtype=torch.int64), torch.tensor(row_token, dtype=torch.int64),
+                          torch.tensor(row_path, dtype=torch.int64).view(-1, width))

@@ -94,8 +94,8 @@ def draft_opd_step(drafter, client, selected: Selected, layer_ids: List[int], *,
     p_parts, q_parts, draft_idx, row_idx = [], [], [], []
     rows = qs = 0
     for b, sc in zip(blocks, scored):
-        p_rows, q = block_rows(drafter, b, sc, head_dtype)
-        draft_idx.append(b.packed.row_anchor * g + b.packed.row_slot + qs)
+        p_rows, q, row_draft = block_rows(drafter, b, sc, head_dtype)  # q per row on its proposed prefix
+        draft_idx.append(row_draft + qs)
         row_idx.append(b.packed.row_index + rows)
         p_parts.append(p_rows)
         q_parts.append(q)

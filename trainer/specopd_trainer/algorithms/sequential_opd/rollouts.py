@@ -77,18 +77,21 @@ def score_recorded_blocks(client, blocks: List[RecordedBlocks], block_size: int,
 
 
 def block_rows(drafter, blocks: RecordedBlocks, scored, head_dtype: str = "bfloat16"):
-    """``(p_rows [A + nodes, V] fp32 no grad, q [A * G, V])`` of one rollout's recorded blocks: the target's logits
-    on every scored row (frozen LM head in ``head_dtype``) and the drafter's slot logits 1..G at the A anchors,
-    recomputed from the rollout's context features (with gradient). Row ``a * G + k - 1`` of q is slot k at
-    anchor a (``packed.row_anchor * G + packed.row_slot`` indexes it from the scored rows)."""
+    """``(p_rows [A + nodes, V] fp32 no grad, draft_logits [Q, V], row_draft [A + nodes])`` of one rollout's
+    recorded blocks: the target's logits on every scored row (frozen LM head in ``head_dtype``) and the drafter's q
+    at the A anchors recomputed from the rollout's context features (with gradient), in the tree losses' form
+    (``drafter.slot_q(...).tree_logits``): DFlash gives its slot logits ``[A * G, V]`` (row ``a * G + k - 1`` =
+    slot k at anchor a); DFlash V2 / DSpark give one row per scored row, conditioned on the recorded proposed
+    tokens before it (rejected ones included)."""
     from specopd_trainer.loops.head import target_head_logits
 
-    a, g = len(blocks.records), drafter.block_size - 1
     anchors = torch.tensor([x["anchor"] for x in blocks.records], dtype=torch.long)
-    logits, _ = drafter.logits(scored.features.float(), torch.tensor(blocks.token_ids, dtype=torch.long), anchors)
+    pk = blocks.packed
+    q = drafter.slot_q(scored.features.float(), torch.tensor(blocks.token_ids, dtype=torch.long), anchors)
+    draft, row_draft = q.tree_logits(pk.row_anchor, pk.row_slot, pk.row_path)
     with torch.no_grad():
         p_rows = target_head_logits(drafter._head(), scored.hidden, head_dtype)
-    return p_rows, logits[:, 1:].reshape(a * g, -1)
+    return p_rows, draft, row_draft
 
 
 def rollout_step(drafter, client, rollouts: List[Rollout], layer_ids: List[int], loss_name: str = "e2e_tv",
@@ -114,11 +117,10 @@ def rollout_step(drafter, client, rollouts: List[Rollout], layer_ids: List[int],
     total, n, taus = 0.0, 0, []
     for blocks, sc in zip(kept, scored):
         a, packed = len(blocks.records), blocks.packed
-        p_rows, q = block_rows(drafter, blocks, sc, head_dtype)  # [a + nodes, V], [a * g, V]
+        p_rows, q, row_draft = block_rows(drafter, blocks, sc, head_dtype)  # [a + nodes, V], [Q, V], [a + nodes]
         # the same proposal-tree loss as SpecOPD (one branch per anchor, so no shared rows)
-        loss, alpha = tree_loss_and_alpha(loss_name, p_rows, q, packed.row_anchor * g + packed.row_slot,
-                                          packed.row_index, row_token=packed.row_token,
-                                          sample_temperature=temperature)
+        loss, alpha = tree_loss_and_alpha(loss_name, p_rows, q, row_draft, packed.row_index,
+                                          row_token=packed.row_token, sample_temperature=temperature)
         total = total + loss * a
         n += a
         taus.append(float(expected_acceptance_length(alpha)[1].mean()))

@@ -1,4 +1,5 @@
-"""SFT of a DFlash drafter on target responses (the offline baseline SpecOPD starts from).
+"""SFT of a drafter (any registered architecture: its ``logits``, teacher-forced on the response for DFlash V2 /
+DSpark) on target responses (the offline baseline SpecOPD starts from).
 
 Per step: ``seqs_per_step`` sequences, ``anchors_per_seq`` random anchors each (response positions), one drafter
 forward per sequence with the anchor-block training mask, loss ``ce_decay`` (DFlash, z-lab/dflash and SpecForge

@@ -2,15 +2,17 @@
 
 One step (SpecOPD paper; formulas in the shared algorithm notes):
 1. drafter forward at ``anchors_per_seq`` reference anchors of each sequence (training mask, all anchors at once)
-   -> per anchor the drafter's slot distributions q_1..q_G (G = block_size - 1; DFlash drafts every slot in
-   parallel, so slot i's distribution does not depend on the sampled tokens of slots < i);
-2. K branches per anchor sampled from q at ``temperature`` (no gradient), the drafter's own proposals; with
-   ``greedy_branch`` branch 0 is the argmax block instead, the block the served DFLASH worker proposes;
+   -> per anchor the drafter's q (``drafter.slot_q``, :mod:`specopd_trainer.drafters.slot_q`; G = block_size - 1
+   slots): DFlash drafts every slot in parallel (slot i's q does not depend on the tokens sampled at slots < i);
+   DFlash V2 and DSpark draft left to right (slot i's q is conditioned on the branch's own tokens before it);
+2. K branches per anchor sampled from q at ``temperature`` (no gradient; slot by slot for V2 / DSpark), the
+   drafter's own proposals; with ``greedy_branch`` branch 0 is the block the served drafter proposes at T=0;
 3. ONE ``/specopd/score_trees`` call for the whole step: every branch of every anchor packed into proposal trees
    sharing the reference prefix, branches that share leading tokens sharing tree nodes (a trie per anchor); the
    target's final hidden states come back and the trainer applies the frozen target LM head, giving p_1 (anchor
    row) and p_{i+1} (row of branch token i) on the branch's own history;
-4. loss E2E-TV: L = 1 - (1/G) sum_j prod_{i<=j} alpha_i, alpha_i = sum_v min(p_i(v), q_i(v)), per branch, mean.
+4. loss E2E-TV: L = 1 - (1/G) sum_j prod_{i<=j} alpha_i, alpha_i = sum_v min(p_i(v), q_i(v)), per branch, mean
+   (q_i on the branch's own history for V2 / DSpark: one q row per tree row).
 Only the first G-1 sampled tokens of a branch are scored (the last token's row would predict beyond the block).
 No sequential draft-and-verify rollout is needed. With ``minibatches`` > 1 one scored batch (steps 1-3 for
 ``minibatches`` times the anchors) feeds that many optimizer steps. Any loss of the loss registry with a tree form

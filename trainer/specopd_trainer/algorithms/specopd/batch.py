@@ -30,8 +30,8 @@ class Share:
     """One sequence's share of one minibatch: its branch anchors, root anchors, packed branches and target rows.
 
     ``hidden``: fp32 ``[A + R + nodes, H]`` target final hidden states (branch-anchor rows, root-anchor rows, tree
-    nodes); ``q`` / ``q_root``: the drafter's logits with their graph when the sampling forward is reused
-    (``minibatches = 1``), else None (recomputed at the share's step)."""
+    nodes); ``q``: the drafter's q at the share's anchors and roots (``drafter.slot_q``, with its graph) when the
+    sampling forward is reused (``minibatches = 1``), else None (recomputed at the share's step)."""
 
     seq: object
     anchors: torch.Tensor
@@ -39,8 +39,7 @@ class Share:
     packed: object
     ref: Optional[torch.Tensor]
     hidden: Optional[torch.Tensor] = None
-    q: Optional[torch.Tensor] = None
-    q_root: Optional[torch.Tensor] = None
+    q: Optional[object] = None
 
 
 @dataclass
@@ -94,7 +93,7 @@ def sample_and_score(drafter, client, seqs: List, cfg, gen: torch.Generator,
     loss reuses it); otherwise it runs without gradient (sampling only). Raises ValueError when no sequence has a
     response position to anchor at, RuntimeError when the server returns the wrong number of rows."""
     from specopd_trainer.loops.branch_tree import pack_branches
-    from specopd_trainer.algorithms.specopd.sampling import draft_slot_logits, reference_blocks, sample_branches
+    from specopd_trainer.algorithms.specopd.sampling import draft_slot_q, reference_blocks
 
     mb = minibatches or cfg.minibatches
     g = drafter.block_size - 1
@@ -106,22 +105,22 @@ def sample_and_score(drafter, client, seqs: List, cfg, gen: torch.Generator,
             continue
         with compute_autocast(cfg, drafter._device()), torch.set_grad_enabled(mb == 1):
             all_anchors = torch.cat([a for a, _ in splits])
-            q_all, q_root = draft_slot_logits(drafter, s, all_anchors, splits[0][1] if mb == 1 else splits[0][1][:0],
-                                              cfg.compute_dtype)
+            q_all = draft_slot_q(drafter, s, all_anchors, splits[0][1] if mb == 1 else splits[0][1][:0],
+                                 cfg.compute_dtype)
         shares, lo = [], 0
         for anchors, roots in splits:
-            q = q_all[lo: lo + anchors.numel()]
+            q = q_all if mb == 1 else q_all.take(lo, lo + anchors.numel())
             lo += anchors.numel()
-            branches = sample_branches(q, cfg.branches, cfg.temperature, gen)  # [A, K, G]
+            branches = q.sample(cfg.branches, cfg.temperature, gen)  # [A, K, G], each slot from its conditional q
             if cfg.greedy_branch:
-                branches[:, 0] = q.detach().argmax(dim=-1)
+                branches[:, 0] = q.greedy()  # the block the served drafter proposes at temperature 0
             ref = None
             if cfg.reference_branch > 0:  # branch K of every anchor: the reference continuation (T=0 served path)
                 ref = reference_blocks(s.token_ids, anchors, g)
                 branches = torch.cat([branches, ref.clamp(min=0)[:, None]], dim=1)
             sh = Share(s, anchors, roots, pack_branches(branches, g - 1), ref)
             if mb == 1:
-                sh.q, sh.q_root = q, q_root
+                sh.q = q
             shares.append(sh)
         per_seq.append(shares)
     if not per_seq:

@@ -48,14 +48,15 @@ def root_slot1_correction(*, loss_alpha: torch.Tensor, kb: int, g: int, p_anchor
 def minibatch_loss(drafter, batch: ScoredBatch, m: int, cfg) -> Tuple[torch.Tensor, Dict]:
     """Loss (fp32 scalar with graph) and metrics of minibatch ``m`` of ``batch`` with the drafter as it is now.
 
-    Per share: the drafter's slot logits at its anchors (``[A, G, V]``) and roots (``[R, V]``), the target rows
+    Per share: the drafter's q at its anchors and roots (``drafter.slot_q``: per tree row, conditioned on the
+    row's path for semi-autoregressive drafters; slot 1 at the roots), the target rows
     through the frozen head (:func:`target_head_logits`), the tree loss of ``cfg.loss``
     (:func:`specopd_kernels.losses.tree_loss_and_alpha`) plus, with root anchors,
     :func:`root_slot1_correction`; the loss is the anchor-weighted mean over shares. Metrics as in
     :func:`specopd_step` (``draft_s`` / ``score_s`` include the batch's sampling and
     scoring at its first minibatch, 0 at the others)."""
     from specopd_kernels.losses import expected_acceptance_length, get_loss_spec, tree_loss_and_alpha
-    from specopd_trainer.algorithms.specopd.sampling import draft_slot_logits
+    from specopd_trainer.algorithms.specopd.sampling import draft_slot_q
     from specopd_trainer.loops.head import target_head_logits
 
     g = drafter.block_size - 1
@@ -66,13 +67,13 @@ def minibatch_loss(drafter, batch: ScoredBatch, m: int, cfg) -> Tuple[torch.Tens
     head = drafter._head()
     for sh in batch.parts[m]:
         a_n, r_n = sh.anchors.numel(), sh.roots.numel()
-        q, q_root = sh.q, sh.q_root
+        q = sh.q
         if q is None:
             tf = time.monotonic()
             with compute_autocast(cfg, drafter._device()):
-                q, q_root = draft_slot_logits(drafter, sh.seq, sh.anchors, sh.roots, cfg.compute_dtype)
+                q = draft_slot_q(drafter, sh.seq, sh.anchors, sh.roots, cfg.compute_dtype)
             fwd_s += time.monotonic() - tf
-        sh.q = sh.q_root = None  # the graph is consumed by this step's backward
+        sh.q = None  # the graph is consumed by this step's backward
         if a_n == 0:
             continue
         with torch.no_grad():  # tree rows (branch anchors, then nodes) and root rows, no [rows, V] copy
@@ -85,13 +86,14 @@ def minibatch_loss(drafter, batch: ScoredBatch, m: int, cfg) -> Tuple[torch.Tens
         if sh.ref is not None:
             greedy = {"greedy_branches": torch.arange(a_n) * kb + cfg.branches, "greedy_tokens": sh.ref,
                       "greedy_weight": cfg.reference_branch}
-        loss, alpha = tree_loss_and_alpha(cfg.loss, p_rows, q.reshape(-1, q.shape[-1]), pk.row_anchor * g + pk.row_slot,
-                                          pk.row_index, row_token=pk.row_token, sample_temperature=cfg.temperature,
-                                          **greedy)
+        # q per tree row: DFlash one row per (anchor, slot); V2 / DSpark one per row, on the row's own path
+        draft, row_draft = q.tree_logits(pk.row_anchor, pk.row_slot, pk.row_path)
+        loss, alpha = tree_loss_and_alpha(cfg.loss, p_rows, draft, row_draft, pk.row_index, row_token=pk.row_token,
+                                          sample_temperature=cfg.temperature, **greedy)
         if r_n:
             loss = loss + root_slot1_correction(loss_alpha=alpha, kb=kb, g=g, p_anchor=p_rows[:a_n].float(),
-                                                q_anchor=q[:, 0],
-                                                p_root=p_root, q_root=q_root, weights=cfg.loss)
+                                                q_anchor=draft[row_draft[:a_n]], p_root=p_root,
+                                                q_root=q.root_logits, weights=cfg.loss)
         alpha = alpha.view(a_n, kb, g)[:, : cfg.branches].reshape(-1, g)  # metrics: sampled branches
         _, tau = expected_acceptance_length(alpha)
         total = total + loss * a_n

@@ -1,42 +1,28 @@
-"""SpecOPD's drafter side: slot logits at the anchors (one forward), branches sampled from them, reference blocks."""
+"""SpecOPD's drafter side: the drafter's q at the anchors (one forward; branches are drawn from it), reference
+blocks."""
 
 from __future__ import annotations
-
-from typing import Tuple
 
 import torch
 
 
-def sample_branches(draft_logits: torch.Tensor, k: int, temperature: float, gen: torch.Generator) -> torch.Tensor:
-    """``k`` branches per block from independent per-slot categorical q: long [nB, k, G]."""
-    probs = torch.softmax(draft_logits.detach().float() / temperature, dim=-1)  # [nB, G, V]
-    nb, g, v = probs.shape
-    flat = probs.reshape(nb * g, v)
-    draws = torch.multinomial(flat, k, replacement=True, generator=gen)  # [nB*G, k]
-    return draws.view(nb, g, k).permute(0, 2, 1).contiguous()
-
-
-def draft_slot_logits(drafter, seq, anchors: torch.Tensor, roots: torch.Tensor,
-                      head_dtype: str = "float32") -> Tuple[torch.Tensor, torch.Tensor]:
-    """Drafter logits for branch anchors (slots 1..G, ``[A, G, V]``) and root anchors (slot 1 only, ``[R, V]``).
+def draft_slot_q(drafter, seq, anchors: torch.Tensor, roots: torch.Tensor, head_dtype: str = "float32"):
+    """The drafter's q at branch anchors (slots 1..G) and root anchors (slot 1 only) of ``seq``: the object of
+    ``drafter.slot_q`` (:mod:`specopd_trainer.drafters.slot_q`: ``sample``, ``greedy``, ``tree_logits``,
+    ``root_logits``), for any registered drafter architecture.
 
     One drafter forward over all A + R blocks (the training mask: each block sees the reference features before
-    its anchor), whose last layer runs on the slots the loss uses only (``slots`` of
-    :meth:`DFlashDrafter.forward_blocks`), as does the vocabulary head (the head dominates the drafter's cost),
-    its matmul in ``head_dtype`` (:func:`target_head_logits`: bfloat16 uses a cached bf16 copy of the frozen head,
-    so an autocast forward does not re-cast the ``[V, H]`` weight every call); logits come back fp32 with their
-    graph. ``seq`` has ``features [L, K*H]`` and ``token_ids [L]``; anchors / roots: int64 ``[A]`` / ``[R]``.
+    its anchor); a DFlash drafter runs its last layer and the vocabulary head on the slots the loss uses only (the
+    head dominates the drafter's cost). The head matmul runs in ``head_dtype`` (:func:`target_head_logits`: bfloat16
+    uses a cached bf16 copy of the frozen head, so an autocast forward does not re-cast the ``[V, H]`` weight every
+    call); logits come back fp32 with their graph. ``seq`` has ``features [L, K*H]`` and ``token_ids [L]``;
+    anchors / roots: int64 ``[A]`` / ``[R]``.
     """
-    a_n, r_n, b = anchors.numel(), roots.numel(), drafter.block_size
-    slots = torch.zeros(a_n + r_n, b, dtype=torch.bool)
-    slots[:a_n, 1:] = True
-    slots[a_n:, 1] = True
-    hidden, _ = drafter.block_hidden(seq.features.float(), seq.token_ids, torch.cat([anchors, roots]), slots)
     from specopd_trainer.loops.head import target_head_logits
 
     head = drafter._head()
-    return (target_head_logits(head, hidden[: a_n * (b - 1)].view(a_n, b - 1, -1), head_dtype),
-            target_head_logits(head, hidden[a_n * (b - 1):], head_dtype))
+    return drafter.slot_q(seq.features.float(), seq.token_ids, anchors, roots,
+                          head=lambda hidden: target_head_logits(head, hidden, head_dtype))
 
 
 def reference_blocks(token_ids: torch.Tensor, anchors: torch.Tensor, g: int) -> torch.Tensor:
