@@ -11,6 +11,13 @@ Supervised tokens = anchors x branches x (block_size - 1) scored draft tokens. T
 top-1 log-prob of every scored row between the two paths (``max_abs_logprob_diff``, float32).
 
     python benchmarks/tree_scoring.py [--out benchmarks/results/tree_scoring_cpu.json] [--repeats 3]
+
+``--target tiny-qwen3next`` (or a checkpoint directory) scores a hybrid Gated DeltaNet target instead (the
+``cpu-smollm2-plain`` settings with that target, float32, a mamba state pool of ``--mamba-slots`` sequences for
+the batched baseline); the result adds ``layer_pattern`` and ``state_bytes_per_node`` (one GDN layer's fp32
+state, HV x Dv x Dk x 4: what a node holds while its depth level runs; layers run one at a time):
+
+    python benchmarks/tree_scoring.py --target tiny-qwen3next --out benchmarks/results/tree_scoring_gdn_cpu.json
 """
 
 from __future__ import annotations
@@ -116,6 +123,32 @@ def run_case(client, url, tok, vocab, case, refs_cache, repeats, rng):
     return res
 
 
+def parse_cases(text: str):
+    """``"A,K,B,P;A,K,B,P"`` -> [(anchors, branches, block_size, prefix_len), ...]. Raises ValueError."""
+    cases = [tuple(int(x) for x in part.split(",")) for part in text.split(";") if part.strip()]
+    if not cases or any(len(c) != 4 or min(c) < 1 for c in cases):
+        raise ValueError(f"--cases wants 'A,K,B,P;...' with positive ints, got {text!r}")
+    return cases
+
+
+def hybrid_info(target_dir) -> dict:
+    """For a hybrid Gated DeltaNet checkpoint: ``layer_pattern`` (e.g. "3 GDN : 1 full attention x 2"),
+    ``gdn_layers`` and ``state_bytes_per_node`` (fp32 HV x Dv x Dk x 4 of one GDN layer); {} for other targets."""
+    import json
+    from pathlib import Path
+
+    cfg = json.loads((Path(target_dir) / "config.json").read_text())
+    types = cfg.get("layer_types") or []
+    gdn = sum(t == "linear_attention" for t in types)
+    if not gdn:
+        return {}
+    full = len(types) - gdn
+    state = cfg["linear_num_value_heads"] * cfg["linear_value_head_dim"] * cfg["linear_key_head_dim"] * 4
+    pattern = ",".join(t[0] for t in types)  # l = linear attention (GDN), f = full attention
+    return {"layer_pattern": f"{len(types)} layers: {gdn} GDN + {full} full attention ({pattern})",
+            "gdn_layers": gdn, "state_bytes_per_node": state}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/results/tree_scoring_cpu.json")
@@ -123,6 +156,10 @@ def main(argv=None) -> int:
     ap.add_argument("--port", type=int, default=31200)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--tolerance", type=float, default=1e-4)
+    ap.add_argument("--target", default="smollm2", help="smollm2 (default), tiny-qwen3next, or a checkpoint dir")
+    ap.add_argument("--cases", default=None, help="'A,K,B,P;...' (anchors, branches, block, prefix) instead of "
+                                                  "the default four cases (e.g. a smoke run)")
+    ap.add_argument("--mamba-slots", type=int, default=160, help="hybrid targets: SGLang's mamba state pool size")
     args = ap.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -133,14 +170,21 @@ def main(argv=None) -> int:
     from sglang_specopd.app.results import write_result
     from sglang_specopd.app.serve import config_path, launch_spec
 
-    tok = AutoTokenizer.from_pretrained(resolve_target("smollm2"))
-    cfg = ServeConfig.load(config_path("cpu-smollm2-plain")).model_copy(update={"dtype": args.dtype})
+    target_dir = resolve_target(args.target)
+    hybrid = hybrid_info(target_dir)
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    cfg = ServeConfig.load(config_path("cpu-smollm2-plain")).model_copy(update={"dtype": args.dtype,
+                                                                              "target": str(target_dir)})
+    extra = ["--max-mamba-cache-size", str(args.mamba_slots)] if hybrid else []
     rng = random.Random(0)
-    with SGLangServer(launch_spec(cfg, port=args.port)) as server, httpx.Client(timeout=1800) as client:
+    with SGLangServer(launch_spec(cfg, port=args.port, extra_args=extra)) as server, \
+            httpx.Client(timeout=1800) as client:
         refs = {}
-        cases = [run_case(client, server.url, tok, len(tok), c, refs, args.repeats, rng) for c in CASES]
+        cases = [run_case(client, server.url, tok, len(tok), c, refs, args.repeats, rng)
+                 for c in (parse_cases(args.cases) if args.cases else CASES)]
     ok = all(c["max_abs_logprob_diff"] <= args.tolerance for c in cases)
-    write_result(args.out, {"target": "SmolLM2-135M-Instruct", "dtype": args.dtype, "top_k": TOP_K,
+    name = "SmolLM2-135M-Instruct" if args.target == "smollm2" else args.target
+    write_result(args.out, {"target": name, **hybrid, "dtype": args.dtype, "top_k": TOP_K,
                             "exactness_tolerance": args.tolerance, "exactness_ok": ok, "cases": cases},
                  command="python " + " ".join(sys.argv))
     print(f"wrote {args.out}; exactness {'ok' if ok else 'FAILED'}", file=sys.stderr)

@@ -94,6 +94,7 @@ _FB = "sglang.srt.model_executor.forward_batch_info"
 _TN = "sglang.srt.layers.attention.torch_native_backend"
 _DSPARK_ACCEPT = "sglang.kernels.ops.speculative.dspark.dspark_accept"
 _PLATFORM = "sglang.srt.platforms.interface"
+_HYBRID_ARCH = "sglang.srt.configs.hybrid_arch"
 _WEIGHT_UPDATES = ("update_weights_from_disk", "update_weights_from_tensor", "update_weights_from_ipc",
                    "load_weights_from_distributed", "begin_weight_update")
 #: The WeightUpdater methods (every target weight update SGLang offers) the prefix cache clears itself before.
@@ -195,7 +196,8 @@ SYMBOLS: Tuple[Symbol, ...] = (
        attrs=("input_embeds", "replace_embeds", "forward_mode", "spec_info", "out_cache_loc", "req_pool_indices",
               "seq_lens")),
     # --- tree scoring and its prefix cache (scoring.py, prefix_cache.py) ---
-    _s("ForwardMode", _FB, "ForwardMode", R, attrs=("EXTEND", "is_target_verify"), used_by=("scoring", "cpu.patches")),
+    _s("ForwardMode", _FB, "ForwardMode", R, attrs=("EXTEND", "is_target_verify"),
+       used_by=("tree_call", "cpu.patches")),
     _s("RadixAttention", _RADIX, "RadixAttention", R, used_by=("scoring", "cpu.patches"),
        attrs=("tp_q_head_num", "tp_k_head_num", "tp_v_head_num", "qk_head_dim", "v_head_dim", "layer_id", "scaling",
               "attn_type")),
@@ -206,6 +208,18 @@ SYMBOLS: Tuple[Symbol, ...] = (
     _s("LlamaModel.forward", "sglang.srt.models.llama", "LlamaModel.forward", R,
        ("self", "input_ids", "positions", "forward_batch"), used_by="scoring"),
     *(_s(name, _WU, name, BEFORE, ("self",), used_by="prefix_cache") for name in WEIGHT_UPDATE_HOOKS),
+    # --- tree scoring on hybrid Gated DeltaNet targets (score_gdn.py) ---
+    _s("RadixLinearAttention", "sglang.srt.layers.radix_linear_attention", "RadixLinearAttention", R,
+       used_by="score_gdn", attrs=("layer_id", "num_q_heads", "num_k_heads", "num_v_heads", "head_q_dim", "head_k_dim",
+                                   "head_v_dim", "q_dim", "k_dim", "v_dim", "conv_weights", "bias", "activation",
+                                   "A_log", "dt_bias", "lower_bound")),
+    _s("RadixLinearAttention.forward", "sglang.srt.layers.radix_linear_attention", "RadixLinearAttention.forward",
+       AROUND, ("self", "forward_batch", "mixed_qkv", "a", "b"), used_by="score_gdn"),
+    _s("mambaish_config", _HYBRID_ARCH, "mambaish_config", R, ("model_config",), used_by="score_gdn"),
+    _s("hybrid_gdn_config", _HYBRID_ARCH, "hybrid_gdn_config", R, ("model_config",), used_by="score_gdn"),
+    # capture by a per-layer ``_is_layer_to_capture`` flag, as set_dflash_layers_to_capture sets it
+    _s("Qwen3NextModel", "sglang.srt.models.qwen3_next", "Qwen3NextModel", R, used_by="score_gdn",
+       attrs=("layers", "layers_to_capture", "set_dflash_layers_to_capture")),
     # --- sampled drafts (sampled_drafts.py) ---
     _s("accept_sampling", _DSPARK_ACCEPT, "accept_sampling", R,
        ("candidates", "target_logits", "draft_probs", "sampling_info", "draft_input", "gamma",

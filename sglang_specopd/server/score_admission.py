@@ -160,7 +160,10 @@ def _parse_body(body: bytes, binary: bool, tick) -> ScoreTreesRequest:
 
 def prepare(body: bytes, binary: bool, dims: TargetDims, settings: ScoreSettings) -> Tuple[bytes, Optional[str]]:
     """Parse and check a body for the scheduler (run in a worker thread): ``(JSON payload, None)``, or
-    ``(b"", reason)`` when it is over a limit (HTTP 413). Raises ScoreTreesError / ValidationError (HTTP 400)."""
+    ``(b"", reason)`` when it is over a limit (HTTP 413). Raises ScoreTreesError / ValidationError (HTTP 400),
+    first of all for a target the endpoint cannot score (``dims.unscorable``, before any parsing)."""
+    if dims.unscorable:
+        raise ScoreTreesError(dims.unscorable)
     with _gc_paused():  # the checks walk every tree too (see parse_body)
         tick = _Yielder()
         req = parse_body(body, binary, tick)

@@ -22,6 +22,7 @@ from typing import Callable, Dict, List, Tuple
 import torch
 
 from sglang_specopd.server.prefix_cache import PrefixEntry, prefix_key, scheduler_cache
+from sglang_specopd.server.score_gdn import has_gdn_layers
 from sglang_specopd.server.scoring import (
     ReferencePlan,
     head_outputs,
@@ -130,17 +131,19 @@ def score_trees_steps(scheduler, req: ScoreTreesRequest, budget_tokens: int = 0)
     as an unchunked call; larger references run as pieces of at most ``budget_tokens`` rows
     (:func:`score_reference_chunked`: prefix chunks, then slices of its anchor
     trees), whose outputs equal the one-forward ones up to float rounding at another row count (as the prefix
-    cache's). The caller decides how many pieces run per scheduler iteration."""
+    cache's). On a hybrid Gated DeltaNet target every reference is one piece (:mod:`sglang_specopd.server.score_gdn`).
+    The caller decides how many pieces run per scheduler iteration."""
     model = target_model(scheduler)
     device = next(model.parameters()).device
     out_dtype = torch.float32 if req.output_dtype == "float32" else torch.bfloat16
     head = lm_head_weight(model)
     cache = scheduler_cache()
+    whole = budget_tokens <= 0 or has_gdn_layers(model)  # a hybrid GDN target's prefix state is not chunked
     tensors: Dict[str, torch.Tensor] = {}
     header = {"references": []}
     for i, ref in enumerate(req.references):
         work = reference_work(ref)
-        if budget_tokens <= 0 or work <= budget_tokens:
+        if whole or work <= budget_tokens:
             h, feats, node_anchor, num_nodes, cached = score_reference(model, ref, req, device, cache)
             outs = head_outputs(h, head, req, out_dtype)
             features = torch.cat([f[: len(ref.input_ids)] for f in feats], dim=-1) if feats else None

@@ -14,6 +14,8 @@ The memory estimate (bytes) is deliberately simple and on the high side:
   tree attention    G_R * (P + M) * (Hkv * D * 2 * act + M * Hq * 4): each anchor group's keys/values and fp32
                     scores (G_R groups of M nodes in the largest forward)
   logits            R_head * V * 4 * 3 (logits, log-probs, top-k work), R_head = rows of one head block
+  GDN states        (P // 64 + 1 + A + N) * S * 4 on hybrid GDN targets (S values per state; counted against the
+                    tree-attention term, the larger of the two, since the layers run one at a time)
   returned          3 * the returned tensors (the tensors, their safetensors bytes and the IPC copy)
 """
 
@@ -68,7 +70,9 @@ class ScoreSettings:
 @dataclass(frozen=True)
 class TargetDims:
     """The served target's sizes: layers, hidden H, MLP intermediate I, query / KV heads, head dim D, vocabulary V,
-    bytes per activation element (2 for bf16, 4 for fp32) and the context length."""
+    bytes per activation element (2 for bf16, 4 for fp32) and the context length; for hybrid Gated DeltaNet
+    targets the GDN layer count and the values of one GDN state (HV x Dv x Dk); ``unscorable``: why the endpoint
+    cannot score this target ("" when it can; :mod:`sglang_specopd.server.score_gdn`)."""
 
     num_layers: int
     hidden: int
@@ -79,6 +83,9 @@ class TargetDims:
     vocab: int
     act_bytes: int
     context_len: int = 0
+    gdn_layers: int = 0
+    gdn_state_values: int = 0
+    unscorable: str = ""
 
 
 @dataclass(frozen=True)
@@ -114,7 +121,10 @@ def _returned_per_row(req, dims: TargetDims) -> int:
 
 def estimate_cost(req, dims: TargetDims, budget_tokens: int = 0) -> RequestCost:
     """Count ``req`` (a :class:`sglang_specopd.wire.protocol.ScoreTreesRequest`) and estimate its peak scheduler
-    memory (module docstring) when scored with ``budget_tokens`` rows per piece (0: one forward per reference)."""
+    memory (module docstring) when scored with ``budget_tokens`` rows per piece (0: one forward per reference;
+    always 0 on a hybrid GDN target, whose references run whole)."""
+    if dims.gdn_layers:
+        budget_tokens = 0
     out_bytes = 2 if req.output_dtype == "bfloat16" else 4
     per_row = _returned_per_row(req, dims)
     tokens = nodes = anchors = feature_bytes = returned = 0
@@ -137,6 +147,8 @@ def estimate_cost(req, dims: TargetDims, budget_tokens: int = 0) -> RequestCost:
         fwd_peak = max(fwd_peak, rows * (4 * d.hidden + 3 * d.intermediate
                                          + (d.q_heads + 2 * d.kv_heads) * d.head_dim) * d.act_bytes)
         attn_peak = max(attn_peak, groups * (P + M) * (d.kv_heads * d.head_dim * 2 * d.act_bytes + M * d.q_heads * 4))
+        if d.gdn_layers:  # one GDN layer's fp32 states at a time: chunk boundaries, anchors, the widest level (<= N)
+            attn_peak = max(attn_peak, (P // 64 + 1 + A + N) * d.gdn_state_values * 4)
         head_rows = max(head_rows, min(A + N, max(A, budget_tokens)) if chunked else A + N)
     logits = head_rows * d.vocab * 4 * 3 if ("topk" in req.returns or "logprobs" in req.returns) else 0
     peak = kv_peak + fwd_peak + attn_peak + logits + 3 * returned

@@ -16,13 +16,16 @@ its tree nodes through the layers, against the recorded prefix K/V.
 With a piece budget (``score_trees_budget_tokens``) a reference larger than the budget runs in pieces instead
 (:mod:`sglang_specopd.server.score_chunks`, queued by :mod:`sglang_specopd.server.score_queue`).
 
+Hybrid Gated DeltaNet targets (:mod:`sglang_specopd.server.score_gdn`): the full-attention layers use the tree
+attention above, the GDN layers indexed state replay over the same row; no prefix cache, no pieces; a target
+with another kind of recurrent layer is refused (HTTP 400).
+
 The FlashInfer packed custom mask (``specopd_kernels.tree.flashinfer_custom_mask``) is the planned GPU fast path
 (not yet wired: FlashInfer is not available on the CPU machines).
 """
 
 from __future__ import annotations
 
-import contextvars
 from typing import Dict, List, Tuple
 
 import torch
@@ -30,35 +33,15 @@ import torch
 from sglang_specopd.server import compat
 from sglang_specopd.server.control import op
 from sglang_specopd.server.prefix_cache import PrefixEntry, prefix_key, register_prefix_cache, scheduler_cache
+from sglang_specopd.server.score_gdn import (
+    capture_layers,
+    check_scorable,
+    gdn_dims,
+    has_gdn_layers,
+    register_gdn_scoring,
+)
+from sglang_specopd.server.tree_call import TREE_CALL, TreeCall, TreeForwardBatch
 from sglang_specopd.wire.protocol import ScoreTreesError, ScoreTreesRequest, validate_request
-
-_TREE_LAYOUT: contextvars.ContextVar = contextvars.ContextVar("specopd_tree_layout", default=None)
-
-
-class _TreeForwardBatch:
-    """The few ForwardBatch fields a Llama/Qwen layer stack reads outside attention; everything else is None."""
-
-    def __init__(self, num_tokens: int, device):
-        self.forward_mode = compat.get("ForwardMode").EXTEND
-        self.residual_stream = None
-        self.batch_size = 1
-        self.num_tokens = num_tokens
-        self.can_run_tbo = False
-        self.device = device
-
-    def __getattr__(self, name):
-        return None
-
-
-class _TreeCall:
-    """What one tree forward's attention layers need: the row's layout, and optionally a cached reference prefix
-    to attend to (``prefix``: the row holds the tree nodes only), an entry to record the prefix K/V into, or
-    ``grow = (entry, start)``: the row is prefix rows ``start..`` of ``entry`` (a prefix chunk), whose K/V are
-    written into the entry's full-length buffers and which attend to the entry's rows before ``start``."""
-
-    def __init__(self, layout, prefix=None, record=None, grow=None):
-        self.layout, self.prefix, self.record, self.grow = layout, prefix, record, grow
-
 
 def _grow_prefix(grow, layer_id: int, k: torch.Tensor, v: torch.Tensor):
     """Write a prefix chunk's k, v ``[T, Hkv, D]`` at rows ``start..start+T`` of the entry's per-layer buffers
@@ -80,8 +63,8 @@ def tree_attention_override(original_fn, self, q, k, v, forward_batch, *args, **
     Every attention layer of every served step passes here: outside a tree forward it costs one ContextVar read
     and the wrapper's call (~2 us per layer call on the CI CPU, ~0.06% of a SmolLM2 decode step; see
     ``benchmarks/radix_hook_cost.py``), so nothing else (not even an import) runs before that check."""
-    call = _TREE_LAYOUT.get()
-    if call is None or not isinstance(forward_batch, _TreeForwardBatch):
+    call = TREE_CALL.get()
+    if call is None or not isinstance(forward_batch, TreeForwardBatch):
         return original_fn(self, q, k, v, forward_batch, *args, **kwargs)
     from specopd_kernels.tree import get_tree_attention
 
@@ -123,16 +106,13 @@ def tree_forward(model, input_ids, positions, layout, capture_layer_ids=(), *, p
         (final normed hidden [T, H], list of features [T, H] per capture id, in order).
     """
     inner = model.model
-    saved = list(inner.layers_to_capture)
-    inner.layers_to_capture = [i + 1 for i in capture_layer_ids]
-    fb = _TreeForwardBatch(int(input_ids.shape[0]), input_ids.device)
-    token = _TREE_LAYOUT.set(_TreeCall(layout, prefix, record, grow))
+    fb = TreeForwardBatch(int(input_ids.shape[0]), input_ids.device)
+    token = TREE_CALL.set(TreeCall(layout, prefix, record, grow))
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), capture_layers(inner, [i + 1 for i in capture_layer_ids]):
             out = inner(input_ids, positions, fb)
     finally:
-        _TREE_LAYOUT.reset(token)
-        inner.layers_to_capture = saved
+        TREE_CALL.reset(token)
     if isinstance(out, tuple):
         hidden, aux = out
         return hidden, list(aux)
@@ -162,9 +142,11 @@ def _max_position(ref) -> int:
 def parse_score_request(scheduler, payload: bytes) -> ScoreTreesRequest:
     """Parse and check one request against the served target (before any forward).
 
-    Raises ScoreTreesError / pydantic ValidationError (both ValueError: HTTP 400) with the reason: bad token ids,
+    Raises ScoreTreesError / pydantic ValidationError (both ValueError: HTTP 400) with the reason: a target whose
+    layers score_trees cannot score (:func:`sglang_specopd.server.score_gdn.check_scorable`), bad token ids,
     anchors, tree shapes or feature layer ids (:func:`validate_request`), or a position past the context length.
     """
+    check_scorable(scheduler.tp_worker.model_runner)
     req = ScoreTreesRequest.model_validate_json(payload)
     cfg = scheduler.tp_worker.model_runner.model_config
     validate_request(req, vocab_size=cfg.vocab_size, num_layers=cfg.num_hidden_layers)
@@ -236,14 +218,15 @@ def score_reference(model, ref, req, device, cache):
     """One reference's rows: ``(hidden [A + N, H] (anchor rows in tree order, then nodes), features, node_anchor
     [N], N, prefix_cache)`` with ``prefix_cache`` "hit" (the prefix's K/V and hidden states came from ``cache``:
     only the N nodes ran through the target), "miss" (full forward, recorded into the cache) or "off" (caching
-    disabled, or features requested: those need the full capture)."""
+    disabled, features requested: those need the full capture, or a hybrid GDN target: its GDN layers' prefix
+    state is not cached, every call runs the whole row)."""
     from specopd_kernels.tree import build_tree_layout
 
     plan = ReferencePlan(ref, req)
     P, ids, pos, node_anchor = plan.P, plan.ids, plan.pos, plan.node_anchor
     layout = build_tree_layout(P, plan.t_anchors, plan.t_parents).to(device)
     anchor_rows = torch.tensor(plan.anchors, dtype=torch.long, device=device)
-    use_cache = cache.enabled and not req.feature_layer_ids
+    use_cache = cache.enabled and not req.feature_layer_ids and not has_gdn_layers(model)
     key = prefix_key(ref.input_ids) if use_cache else None
     entry = cache.get(key) if use_cache else None
     if entry is not None:
@@ -269,12 +252,13 @@ def score_dims_op(scheduler, payload: bytes):
     cfg = scheduler.tp_worker.model_runner.model_config
     hf = getattr(cfg, "hf_text_config", None) or cfg.hf_config
     model = target_model(scheduler)
-    heads = int(hf.num_attention_heads)
+    heads = int(getattr(hf, "num_attention_heads", None) or 1)  # absent on pure Mamba targets (refused anyway)
     dims = {"num_layers": int(hf.num_hidden_layers), "hidden": int(hf.hidden_size),
             "intermediate": int(getattr(hf, "intermediate_size", None) or 4 * hf.hidden_size), "q_heads": heads,
             "kv_heads": int(getattr(hf, "num_key_value_heads", None) or heads),
             "head_dim": int(getattr(hf, "head_dim", None) or hf.hidden_size // heads), "vocab": int(cfg.vocab_size),
             "act_bytes": next(model.parameters()).element_size(), "context_len": int(getattr(cfg, "context_len", 0) or 0)}
+    dims.update(gdn_dims(scheduler.tp_worker.model_runner))
     return 200, "ok", json.dumps(dims).encode()
 
 
@@ -292,7 +276,8 @@ def prefix_cache_op(scheduler, payload: bytes):
 
 
 def register_scoring() -> None:
-    """Register the RadixAttention override (inert unless a tree forward is running) and the prefix cache's
-    invalidation on target weight updates."""
+    """Register the RadixAttention and GDN overrides (inert unless a tree forward is running) and the prefix
+    cache's invalidation on target weight updates."""
     compat.hook("RadixAttention.forward", tree_attention_override)
+    register_gdn_scoring()
     register_prefix_cache()
