@@ -120,7 +120,10 @@ def collect(args) -> int:
     with contextlib.ExitStack() as stack:
         servers = [stack.enter_context(SGLangServer(launch_spec(plain, port=args.port + i)))
                    for i in range(args.servers)]
-        clients = [stack.enter_context(SpecOPDClient(s.url)) for s in servers]
+        # a response of max_new_tokens in a batch of --concurrency can take longer than the client's default
+        # 600 s on a contended CPU (~0.5 tok/s per request at 25 tok/s per server); a timed-out request is retried
+        # from scratch, so the timeout must cover the slowest response, not the typical one
+        clients = [stack.enter_context(SpecOPDClient(s.url, timeout=args.request_timeout)) for s in servers]
         client, pool = clients[0], ClientPool(clients)
         timings["server_start_s"] = time.monotonic() - t0
         t1 = time.monotonic()
@@ -379,6 +382,8 @@ def main(argv=None) -> int:
     c.add_argument("--run-dir", default=str(RUN))
     c.add_argument("--config", default="cpu-smollm2-plain", help="server config (the target as served: bf16)")
     c.add_argument("--concurrency", type=int, default=48, help="requests in flight per server")
+    c.add_argument("--request-timeout", type=float, default=3600.0,
+                   help="seconds one /generate may take before the client retries it")
     c.add_argument("--servers", type=int, default=1,
                    help="replicas of the plain server on ports --port, --port+1, ...: the least-loaded one takes "
                         "each request (on CPU: one per core, as decode does not scale past one thread)")
