@@ -128,13 +128,15 @@ def collect(args) -> int:
         timings["server_start_s"] = time.monotonic() - t0
         t1 = time.monotonic()
         deadline = t1 + 60 * args.generate_minutes if args.generate_minutes else None
-        cache = regenerate(pool, tok, _UntilDeadline(records, deadline), data / "responses.jsonl",
-                           max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
-                           concurrency=args.concurrency * args.servers)
+        try:
+            cache = regenerate(pool, tok, _UntilDeadline(records, deadline), data / "responses.jsonl",
+                               max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
+                               concurrency=args.concurrency * args.servers)
+        finally:  # an aborted run's responses go into a shard too
+            if not args.no_snapshot and (shard := write_shard(data / "responses.jsonl", SNAPSHOT)):
+                print(f"new snapshot shard {shard} (commit it: the next machine starts from it)", file=sys.stderr)
         timings["responses_per_server"] = pool.served
         timings["generate_s"] = time.monotonic() - t1
-        if not args.no_snapshot and (shard := write_shard(data / "responses.jsonl", SNAPSHOT)):
-            print(f"new snapshot shard {shard} (commit it: the next machine starts from it)", file=sys.stderr)
         t1 = time.monotonic()
         added, feat_tokens = 0, 0
         if not args.no_features:
