@@ -58,7 +58,22 @@ def resolve_drafter(cfg: ServeConfig, target_dir: Path) -> Optional[Path]:
     if problems:
         lines = "\n".join(f"  - {p}" for p in problems)
         raise DrafterInvalidError(f"drafter {drafter} does not fit target {target_dir}:\n{lines}")
+    _check_drafter_algorithm(drafter, cfg.speculative_algorithm)
     return drafter
+
+
+def _check_drafter_algorithm(drafter: Path, algorithm: str) -> None:
+    """Raise :class:`DrafterInvalidError` when ``algorithm`` cannot serve the drafter's architecture: SPECOPD
+    serves what SGLang's DFLASH worker serves (``dflash``, ``dflash2``); a ``dspark`` drafter needs DSPARK."""
+    from sglang_specopd.server.algorithm import ALGORITHM_NAME
+    from sglang_specopd.wire.drafter_archs import arch_for_spec, load_drafter_spec
+
+    arch = arch_for_spec(load_drafter_spec(drafter))
+    wanted = "DFLASH" if algorithm.upper() == ALGORITHM_NAME else algorithm.upper()
+    if arch.speculative_algorithm != wanted:
+        raise DrafterInvalidError(
+            f"drafter {drafter} is a {arch.label} drafter, served by SGLang's {arch.speculative_algorithm} worker; "
+            f"--speculative-algorithm {algorithm} serves {wanted} drafters only")
 
 
 def launch_spec(cfg: ServeConfig, *, host: str = "127.0.0.1", port: int = 30000, api_key: Optional[str] = None,

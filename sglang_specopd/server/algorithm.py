@@ -8,6 +8,12 @@ step to record traces (:mod:`sglang_specopd.server.traces`) and, for requests at
 slot from the drafter and verifies with lossless speculative sampling (:mod:`sglang_specopd.server.sampled_drafts`; the
 DFlash reference's semantics, ``SPECOPD_DRAFT_SAMPLING=greedy`` keeps DFLASH's greedy drafts). Temperature-0
 requests are drafted and verified exactly as DFLASH does.
+
+A DFlash V2 drafter (``DFlash2DraftModel``, switched on by its checkpoint like under DFLASH) is drafted by SGLang's own
+candidate-selector walk (``_propose_selector_block``): at temperature > 0 each slot is drawn from q = softmax(score / T)
+over its top-K candidates given the previous pick, and ``_accept_block`` verifies with that q scattered into the
+vocabulary (``_selector_sampling_accept``, SGLang's ``accept_sampling``), lossless for the q served; the worker only
+records traces there (``SPECOPD_DRAFT_SAMPLING`` applies to DFlash's independent slots only).
 """
 
 from __future__ import annotations

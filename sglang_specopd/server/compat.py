@@ -92,6 +92,7 @@ _WU = "sglang.srt.model_executor.model_runner_components.weight_updater"
 _RADIX = "sglang.srt.layers.radix_attention"
 _FB = "sglang.srt.model_executor.forward_batch_info"
 _TN = "sglang.srt.layers.attention.torch_native_backend"
+_DFLASH_M = "sglang.srt.models.dflash"
 _DSPARK_ACCEPT = "sglang.kernels.ops.speculative.dspark.dspark_accept"
 _PLATFORM = "sglang.srt.platforms.interface"
 _HYBRID_ARCH = "sglang.srt.configs.hybrid_arch"
@@ -264,6 +265,13 @@ SYMBOLS: Tuple[Symbol, ...] = (
        "scatter_mamba_states_after_mtp_verify", AROUND,
        ("mamba_caches", "state_indices_tensor", "last_correct_step_indices", "mamba_track_indices",
         "mamba_steps_to_track", "src_indices_raw"), used_by="cpu.hybrid_gdn", cpu_only=True),
+    _s("dflash._radix_topk", _DFLASH_M, "_radix_topk", AROUND, ("scores", "k"), used_by="cpu.dflash2",
+       cpu_only=True),
+    _s("dflash._score_edges", _DFLASH_M, "_score_edges", AROUND,
+       ("predecessor_table", "successor_table", "candidate_ids", "unary_logits", "hidden", "anchor_token_ids",
+        "top_k"), used_by="cpu.dflash2", cpu_only=True),
+    _s("dflash._follow_maps", _DFLASH_M, "_follow_maps", AROUND, ("maps", "initial_indices", "edges"),
+       used_by="cpu.dflash2", cpu_only=True),
     _s("KVWriteLoc", _TN, "KVWriteLoc", R, ("loc", "swa_loc"), used_by="cpu.patches", cpu_only=True),
     _s("AttentionType", _RADIX, "AttentionType", R, attrs=("ENCODER_ONLY",), used_by="cpu.patches", cpu_only=True),
     _s("KVCache", "sglang.srt.mem_cache.memory_pool", "KVCache", R, used_by="cpu.patches", cpu_only=True,

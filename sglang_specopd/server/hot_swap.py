@@ -5,8 +5,8 @@ tensors; the safetensors metadata holds ``{"config": <config.json dict>, "versio
 ``{"path": DIR, "version": str}`` naming a drafter directory the server reads. Before anything changes:
 
 * provenance: ``config.architectures`` names the serving drafter's architecture in the registry
-  (:mod:`sglang_specopd.wire.drafter_archs`; ``["DFlashDraftModel"]`` for DFlash: a swap never changes the
-  architecture) and the new config describes the SAME drafter (every spec field, e.g. of
+  (:mod:`sglang_specopd.wire.drafter_archs`; ``["DFlashDraftModel"]`` for DFlash, ``["DFlash2DraftModel"]`` for
+  DFlash V2: a swap never changes the architecture) and the new config describes the SAME drafter (every spec field, e.g. of
   :class:`~sglang_specopd.wire.drafter_format.DrafterSpec`, equal to the serving drafter's, dtype aside);
 * names: exactly the serving drafter's checkpoint tensor names (no missing, no extra: a target checkpoint, whose
   layers are called ``model.layers.*``, can never pass, unlike SGLang's own ``update_weights_from_disk``);
@@ -107,10 +107,19 @@ def validate_swap(serving_spec, config: dict, tensors: Dict[str, torch.Tensor]) 
             raise ValueError(f"refused: {name} has non-finite values")
 
 
+def _own_parameters(model) -> Dict[str, torch.nn.Parameter]:
+    """The draft model's own parameters: without the target LM head a DFlash V2 drafter borrows (the DFLASH worker
+    assigns ``draft_model.lm_head = <target lm_head>`` before its first selector draft, which registers the
+    target's head as a submodule; no swap tensor can name it, and backing it up would copy a [V, H] matrix)."""
+    borrowed = getattr(model, "lm_head", None)
+    skip = {id(p) for p in borrowed.parameters()} if isinstance(borrowed, torch.nn.Module) else set()
+    return {n: p for n, p in model.named_parameters() if id(p) not in skip}
+
+
 def apply_swap(worker, tensors: Dict[str, torch.Tensor]) -> None:
     """Load ``tensors`` into the serving draft model; on any error restore the previous weights and re-raise."""
     model = worker.draft_model
-    params = dict(model.named_parameters())
+    params = _own_parameters(model)
     backup = {n: p.detach().clone() for n, p in params.items()}
     try:
         with torch.no_grad():

@@ -23,6 +23,8 @@ time and otherwise defers to SGLang's original code, so nothing here changes GPU
 11. Hybrid Gated DeltaNet targets (Qwen3-Next): torch stand-ins of sgl-kernel's CPU GDN ops
     (``sgl_kernel_standin/sgl_kernel/mamba.py``) and the hooks in :mod:`sglang_specopd.server.cpu.hybrid_gdn`;
     the launcher keeps the mamba pool's conv windows in float32 (``SGLANG_MAMBA_CONV_DTYPE``, plugin.py).
+12. DFlash V2 drafters (``DFlash2DraftModel``): the candidate selector's flashinfer top-k and its
+    ``torch.compile``'d lattice / walk run as torch on CPU (:mod:`sglang_specopd.server.cpu.dflash2`).
 """
 
 from __future__ import annotations
@@ -158,4 +160,7 @@ def register_cpu_adaptations() -> None:
     from sglang_specopd.server.cpu.hybrid_gdn import register_hybrid_gdn_adaptations
 
     register_hybrid_gdn_adaptations()
+    from sglang_specopd.server.cpu.dflash2 import register_dflash2_adaptations
+
+    register_dflash2_adaptations()
     logger.info("sglang-specopd: CPU adaptations registered")
