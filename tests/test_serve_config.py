@@ -154,3 +154,35 @@ def test_cpu_configs_build_the_cpu_launch_flags(tiny_target: Path, tiny_drafter:
         else:
             assert "--speculative-algorithm" not in joined
         assert argv[-2:] == ["--log-level", "warning"]
+
+
+def test_gpu_hybrid_gdn_config_takes_the_gpu_path(tiny_target: Path, tiny_drafter: Path) -> None:
+    """``gpu-qwen3-next-gdn`` (issue 21 part 5): the SPECOPD worker on a hybrid Gated DeltaNet target with SGLang's
+    own GPU kernels; none of the CPU adaptations (CPU engine, ``sgl_kernel`` stand-in, torch_native backends, fp32
+    conv windows); ``/specopd/score_trees`` replays GDN states with the Triton tree kernel on CUDA tensors (the torch
+    replay only on CPU ones); still marked unverified, since no GPU with SGLang has run it."""
+    import torch
+
+    from sglang_specopd.app.launch import free_port, server_env
+    from sglang_specopd.server.cpu import STANDIN_DIR
+    from sglang_specopd.server.score_gdn import gdn_tree_replay_fn
+    from specopd_kernels.gdn import gdn_tree_replay, gdn_tree_replay_triton
+
+    path = config_path("gpu-qwen3-next-gdn")
+    cfg = ServeConfig.load(path)
+    assert cfg.checked_on_gpu is False and "NOT YET CHECKED ON A GPU" in path.read_text()
+    assert cfg.device == "cuda" and cfg.speculative_algorithm == "SPECOPD" and cfg.drafter and cfg.block_size
+    assert cfg.attention_backend is None and not cfg.disable_cuda_graph  # SGLang picks its GPU backends
+    # target / drafter swapped for the tiny ones (the real checkpoints are not on this machine); block size kept
+    local = cfg.model_copy(update={"target": str(tiny_target), "drafter": str(tiny_drafter)})
+    spec = launch_spec(local, port=free_port())
+    joined = " ".join(spec.argv())
+    for flag in ("--device cuda", "--dtype bfloat16", "--speculative-algorithm SPECOPD",
+                 f"--speculative-dflash-block-size {cfg.block_size}", "--max-mamba-cache-size"):
+        assert flag in joined, (flag, joined)
+    assert "torch_native" not in joined and "--disable-cuda-graph" not in joined
+    env = server_env(spec.device, base={"PYTHONPATH": "/x"})
+    assert "SGLANG_USE_CPU_ENGINE" not in env and "SGLANG_MAMBA_CONV_DTYPE" not in env
+    assert str(STANDIN_DIR) not in env["PYTHONPATH"]
+    assert gdn_tree_replay_fn(torch.device("cuda")) is gdn_tree_replay_triton
+    assert gdn_tree_replay_fn(torch.device("cpu")) is gdn_tree_replay
