@@ -181,7 +181,8 @@ def _corpus(name: str, data: Mapping[str, Any]) -> List[str]:
     doms = ", ".join(f"{d} {_int(v.get('response_tokens'))}" for d, v in per.items())
     return [f"- **Reference corpus, in progress** (`{name}`): {_int(data.get('response_tokens'))} target response "
             f"tokens collected of the ~1M aimed at ({doms}); the last run generated "
-            f"{_f(run.get('generate_tokens_per_s'), 0)} response tokens/s at concurrency {data.get('concurrency', '?')}; "
+            f"{_f(run.get('generate_tokens_per_s'), 0)} response tokens/s at concurrency {data.get('concurrency', '?')}"
+            f"{' per server on %d servers' % data['servers'] if (data.get('servers') or 1) > 1 else ''}; "
             f"features cached for {_int(data.get('features_cached'))} responses."]
 
 
