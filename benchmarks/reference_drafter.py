@@ -127,7 +127,7 @@ def collect(args) -> int:
         client, pool = clients[0], ClientPool(clients)
         timings["server_start_s"] = time.monotonic() - t0
         t1 = time.monotonic()
-        deadline = t1 + 60 * args.generate_minutes if args.generate_minutes else None
+        deadline = t1 + 60 * args.generate_minutes if args.generate_minutes is not None else None  # 0: features only
         try:
             cache = regenerate(pool, tok, _UntilDeadline(records, deadline), data / "responses.jsonl",
                                max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
@@ -395,7 +395,7 @@ def main(argv=None) -> int:
     c.add_argument("--feature-batch", type=int, default=8)
     c.add_argument("--port", type=int, default=31400)
     c.add_argument("--generate-minutes", type=float, default=None,
-                   help="send no new request after N minutes (resumable: the next run continues)")
+                   help="send no new request after N minutes (resumable: the next run continues; 0: fetch features only)")
     c.add_argument("--no-features", action="store_true", help="generate only; fetch the features in a later run")
     c.add_argument("--no-snapshot", action="store_true",
                    help=f"neither import the committed responses ({SNAPSHOT}) nor add a shard of the new ones")

@@ -42,18 +42,12 @@ def resolve_drafter(cfg: ServeConfig, target_dir: Path) -> Optional[Path]:
         return None
     from sglang_specopd.app.drafter_check import check_drafter
 
-    if cfg.drafter == "default":
-        from sglang_specopd.app.reference_drafters import reference_drafter
+    drafter = choose_drafter(cfg, target_dir).path  # one place decides reference vs random-init default
+    if cfg.drafter == "default" and not (drafter / "config.json").is_file():  # the random-init default, once
+        from sglang_specopd.wire.drafter_init import init_drafter
 
-        drafter = (reference_drafter(target_dir, cfg.block_size or DEFAULT_BLOCK_SIZE)
-                   or default_drafter_dir(target_dir, cfg.block_size or DEFAULT_BLOCK_SIZE))
-        if not (drafter / "config.json").is_file():
-            from sglang_specopd.wire.drafter_init import init_drafter
-
-            init_drafter(target_dir, drafter, block_size=cfg.block_size or DEFAULT_BLOCK_SIZE,
-                         num_layers=DEFAULT_DRAFTER_LAYERS, overwrite=True)
-    else:
-        drafter = Path(cfg.drafter).expanduser()
+        init_drafter(target_dir, drafter, block_size=cfg.block_size or DEFAULT_BLOCK_SIZE,
+                     num_layers=DEFAULT_DRAFTER_LAYERS, overwrite=True)
     problems = check_drafter(drafter, target_dir)
     if problems:
         lines = "\n".join(f"  - {p}" for p in problems)
