@@ -17,7 +17,10 @@ values and gradients against the plain-torch reference and times both (CUDA even
     chunks) vs the registry loss on the expanded ``[N, G, V]`` branches;
   - the served draft sampler ``sampled_drafts.sample_block``: empirical token frequencies vs q, greedy rows;
   - GDN indexed state replay (hybrid targets): torch replay and the Triton tree kernel (UNVERIFIED until this
-    runs on a GPU) vs every node scored as its own sequence (``gdn_tree_naive``) or vs each other, timed.
+    runs on a GPU) vs every node scored as its own sequence (``gdn_tree_naive``) or vs each other, timed;
+  - QSA sparse attention (sparse-linear hybrid targets): the tree selection vs each node decoded as the last token
+    of its branch (``qsa_tree_naive``), torch and Triton (UNVERIFIED until this runs on a GPU) sparse attention
+    over it, timed against each other and the full tree attention of the same row.
 ``--device cpu --small`` runs tiny shapes on CPU (Triton under TRITON_INTERPRET=1): the test suite uses it to
 keep this script working. Writes one result file in the shared shape (command, commit, machine, versions).
 """
@@ -355,6 +358,73 @@ def gdn_cases(device: str, small: bool, repeats: int) -> list:
     return out
 
 
+def sparse_cases(device: str, small: bool, repeats: int) -> list:
+    """QSA sparse attention (sparse-linear hybrid targets, :mod:`specopd_kernels.sparse`) on SpecOPD-shaped rows:
+    the vectorized tree selection (torch) vs every node decoded as the last token of its branch
+    (``qsa_tree_naive``, where it fits), and the sparse attention over the selection, torch and the Triton kernel
+    (UNVERIFIED until this runs on a GPU), vs the naive outputs (else vs the torch path); timed, with the Triton
+    full tree attention of the same row for scale. ``cached``: node rows only against the prefix K/V."""
+    import torch
+
+    from specopd_kernels.sparse import QSAConfig, qsa_tree_naive, qsa_tree_select, sparse_attention_torch
+    from specopd_kernels.sparse.triton_sparse import sparse_attention_triton
+    from specopd_kernels.tree import tree_attention_triton
+    from specopd_kernels.tree.triton_attention import triton_runs_on
+
+    # (prefix P, anchors A, branches K, depth D, q / kv heads, head dim, index heads, index dim, ratio r,
+    #  block_topk, dtype, cached, naive reference); budget = r * block_topk (SGLang: block_topk 512 or 2048)
+    f32, bf16 = torch.float32, torch.bfloat16
+    shapes = [(24, 3, 2, 3, 4, 2, 16, 4, 16, 2, 4, f32, False, True)] if small else [
+        (512, 8, 4, 6, 16, 4, 128, 8, 64, 4, 16, f32, False, True),
+        (512, 8, 4, 6, 16, 4, 128, 8, 64, 4, 16, bf16, True, True),
+        (2048, 32, 16, 15, 32, 4, 128, 32, 128, 4, 512, bf16, True, False),  # rows around the 2048 budget
+        (8192, 32, 16, 15, 32, 4, 128, 32, 128, 4, 512, bf16, True, False)]
+    out = []
+    for p, a, k, depth, hq, hkv, hd, hi, di, ratio, kb, dtype, cached, naive in shapes:
+        rng = random.Random(p + kb)
+        layout = _tree_row(p, sorted(rng.randrange(p // 4, p) for _ in range(a)), k, depth)[0].to(device)
+        t = p + layout.num_nodes
+        gen = torch.Generator(device="cpu").manual_seed(t)
+        cfg = QSAConfig(budget=ratio * kb, compress_ratio=ratio, k_norm_weight=0.1 * torch.randn(di, generator=gen),
+                        rotary_dim=di // 2)
+        q, kk, v = (torch.randn(t, h, hd, generator=gen).to(device, dtype) for h in (hq, hkv, hkv))
+        iq = torch.randn(t, hi, di, generator=gen).to(device, dtype)
+        ik = torch.randn(t, di, generator=gen).to(device, dtype)
+        rows = slice(p, None) if cached else slice(None)
+        kw = {"prefix_kv": (kk[:p], v[:p])} if cached else {}
+        with torch.no_grad():
+            sel = qsa_tree_select(iq[rows], ik[:p], ik[p:], layout, cfg)
+            args = (q[rows], kk[rows], v[rows], sel.indices)
+            got = sparse_attention_torch(*args, **kw)
+            row = {"prefix": p, "anchors": a, "branches": k, "depth": depth, "tokens": t, "heads": [hq, hkv, hd],
+                   "index": [hi, di, ratio, cfg.budget], "dtype": str(dtype), "cached": cached,
+                   "scored_rows": int(sel.scored.sum()), "rows": int(sel.scored.numel()),
+                   "mean_selected": float(sel.counts.float().mean()), "reference": "naive" if naive else "torch",
+                   "select_s": _timed(lambda: qsa_tree_select(iq[rows], ik[:p], ik[p:], layout, cfg), device, repeats),
+                   "torch_s": _timed(lambda: sparse_attention_torch(*args, **kw), device, repeats)}
+            ref = got
+            if naive:
+                start = time.perf_counter()
+                ref, _, idx = qsa_tree_naive(q, kk, v, iq, ik, layout, cfg)
+                row["naive_s"] = time.perf_counter() - start
+                ref, idx = ref[rows], idx[rows]
+                row["selection_matches_naive"] = bool(torch.equal(sel.indices, idx))
+                row["torch_max_abs_diff"] = float((got.float() - ref.float()).abs().max())
+            if triton_runs_on(device):
+                tri = sparse_attention_triton(*args, **kw)
+                row["triton_max_abs_diff"] = float((tri.float() - ref.float()).abs().max())
+                row["triton_max_abs_diff_vs_torch"] = float((tri.float() - got.float()).abs().max())
+                row["triton_s"] = _timed(lambda: sparse_attention_triton(*args, **kw), device, repeats)
+                row["triton_speedup_vs_torch"] = row["torch_s"] / row["triton_s"]
+                targs = (q[rows], kk[rows], v[rows], layout)
+                row["full_tree_attention_triton_s"] = _timed(lambda: tree_attention_triton(*targs, **kw), device,
+                                                             repeats)
+                del tri, targs
+        del got, ref, sel, args, q, kk, v, iq, ik, kw
+        _emit(out, row, device)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -378,6 +448,7 @@ def main(argv=None) -> int:
                "tree_attention": attention_cases(args.device, args.small, args.repeats),
                "tree_losses": tree_loss_cases(args.device, args.small, args.repeats),
                "gdn_replay": gdn_cases(args.device, args.small, args.repeats),
+               "sparse_attention": sparse_cases(args.device, args.small, args.repeats),
                "draft_sampler": draft_sampler_cases(args.device, args.small)}
     print({"draft_sampler": payload["draft_sampler"]}, file=sys.stderr)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # results.py needs only the standard library

@@ -39,6 +39,10 @@ def test_kernels_gpu_script_cpu_smoke(tmp_path):
     assert gdn["tokens"] == 24 + 3 * 2 * 3 and gdn["reference"] == "naive" and gdn["max_abs_output"] > 0.05, gdn
     assert gdn["replay_max_abs_diff"] < 1e-5 and gdn["triton_max_abs_diff"] < 1e-5, gdn
     assert min(gdn[k] for k in ("replay_s", "naive_s", "tree_torch_s", "triton_replay_s", "tree_triton_s")) > 0, gdn
+    (sp,) = res["sparse_attention"]
+    assert sp["tokens"] == 24 + 3 * 2 * 3 and sp["reference"] == "naive" and 0 < sp["scored_rows"] < sp["rows"], sp
+    assert sp["selection_matches_naive"] and sp["torch_max_abs_diff"] < 1e-5 and sp["triton_max_abs_diff"] < 1e-5, sp
+    assert min(sp[k] for k in ("select_s", "torch_s", "naive_s", "triton_s", "full_tree_attention_triton_s")) > 0, sp
     ds = res["draft_sampler"]
     assert ds["draws"] == 2 * 1990 and ds["max_abs_freq_minus_q"] < 0.05, ds
     assert ds["q_matches_softmax"] and ds["greedy_rows_argmax"] and ds["greedy_rows_one_hot_q"], ds

@@ -1,8 +1,9 @@
 """specopd_kernels: proposal-tree packing / masks / reference tree attention (``tree``), drafter
-training losses with fused Triton E2E-TV (``losses``) and Gated DeltaNet tree scoring by indexed state replay
-for hybrid targets (``gdn``, import it as ``specopd_kernels.gdn``).  Installed from the ``kernels/`` folder under
-the import name ``specopd_kernels``.  Layout follows flash-linear-attention: ``<op>/naive.py`` references beside
-the fused kernels.
+training losses with fused Triton E2E-TV (``losses``), Gated DeltaNet tree scoring by indexed state replay
+for hybrid targets (``gdn``, import it as ``specopd_kernels.gdn``) and QSA sparse attention with the served
+indexer's key selection per tree node for sparse-linear hybrid targets (``sparse``, import it as
+``specopd_kernels.sparse``).  Installed from the ``kernels/`` folder under the import name ``specopd_kernels``.
+Layout follows flash-linear-attention: ``<op>/naive.py`` references beside the fused kernels.
 """
 
 from .losses import (

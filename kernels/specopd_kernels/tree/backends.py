@@ -22,7 +22,8 @@ import torch
 from .grouped import tree_attention_grouped
 from .triton_attention import tree_attention_triton, triton_runs_on
 
-__all__ = ["TreeAttentionBackend", "TREE_ATTENTION_BACKENDS", "get_tree_attention", "tree_attention_backend_name"]
+__all__ = ["TreeAttentionBackend", "TREE_ATTENTION_BACKENDS", "choose_backend", "get_tree_attention",
+           "tree_attention_backend_name"]
 
 ENV_VAR = "SPECOPD_TREE_ATTENTION"
 
@@ -50,21 +51,31 @@ TREE_ATTENTION_BACKENDS: Dict[str, TreeAttentionBackend] = {
 }
 
 
+def choose_backend(device, name: Optional[str], env_var: str, runs_on: Dict[str, Callable[[torch.device], bool]],
+                   what: str) -> str:
+    """A kernel backend for ``device`` out of ``runs_on`` (backend name -> ``runs_on(device) -> bool``, with
+    ``torch`` and ``triton`` among them): ``name`` if given, else the env variable ``env_var`` if set, else
+    ``triton`` on CUDA when it can run there, else ``torch``. ``what`` names the op in errors.
+    Raises ValueError on an unknown name or a backend that cannot run on ``device``."""
+    dev = torch.device(device)
+    chosen = name or os.environ.get(env_var) or None
+    if chosen is None:
+        return "triton" if dev.type == "cuda" and runs_on["triton"](dev) else "torch"
+    if chosen not in runs_on:
+        raise ValueError(f"unknown {what} backend {chosen!r} (from {'argument' if name else env_var}); "
+                         f"known: {', '.join(runs_on)}")
+    if not runs_on[chosen](dev):
+        raise ValueError(f"{what} backend {chosen!r} cannot run on {dev.type} here "
+                         "(triton needs CUDA, or TRITON_INTERPRET=1 on CPU)")
+    return chosen
+
+
 def tree_attention_backend_name(device, name: Optional[str] = None) -> str:
     """The backend :func:`get_tree_attention` picks for ``device``: ``name`` if given, else the env variable
     ``SPECOPD_TREE_ATTENTION`` if set, else ``triton`` on CUDA when triton imports, else ``torch``.
     Raises ValueError on an unknown name or a backend that cannot run on ``device``."""
-    dev = torch.device(device)
-    chosen = name or os.environ.get(ENV_VAR) or None
-    if chosen is None:
-        return "triton" if dev.type == "cuda" and TREE_ATTENTION_BACKENDS["triton"].runs_on(dev) else "torch"
-    if chosen not in TREE_ATTENTION_BACKENDS:
-        raise ValueError(f"unknown tree-attention backend {chosen!r} (from {'argument' if name else ENV_VAR}); "
-                         f"known: {', '.join(TREE_ATTENTION_BACKENDS)}")
-    if not TREE_ATTENTION_BACKENDS[chosen].runs_on(dev):
-        raise ValueError(f"tree-attention backend {chosen!r} cannot run on {dev.type} here "
-                         "(triton needs CUDA, or TRITON_INTERPRET=1 on CPU)")
-    return chosen
+    return choose_backend(device, name, ENV_VAR, {k: b.runs_on for k, b in TREE_ATTENTION_BACKENDS.items()},
+                          "tree-attention")
 
 
 def get_tree_attention(device, name: Optional[str] = None) -> Callable:

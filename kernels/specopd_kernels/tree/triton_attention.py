@@ -42,7 +42,7 @@ except ImportError:  # pragma: no cover
     triton = None
     tl = None
 
-__all__ = ["tree_attention_triton", "triton_available", "triton_runs_on"]
+__all__ = ["check_triton_call", "tree_attention_triton", "triton_available", "triton_runs_on"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -142,6 +142,20 @@ def triton_runs_on(device) -> bool:
     return triton is not None and (dev.type == "cuda" or (dev.type == "cpu" and interpret()))
 
 
+def check_triton_call(name: str, tensors: Tuple[torch.Tensor, ...], grad_path: str) -> None:
+    """Checks shared by the forward-only attention kernels; ``tensors[0]`` is q (its device and dtype rule).
+
+    Raises RuntimeError for CPU tensors without TRITON_INTERPRET=1; TypeError on a dtype other than fp32 / bf16 /
+    fp16; ValueError when an input requires grad with autograd on (``grad_path`` names the differentiable path)."""
+    q = tensors[0]
+    if not triton_runs_on(q.device):
+        raise RuntimeError(f"{name} got CPU tensors: set TRITON_INTERPRET=1 (tests) or use CUDA")
+    if q.dtype not in _DTYPES:
+        raise TypeError(f"{name} supports fp32/bf16/fp16, got {q.dtype}")
+    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+        raise ValueError(f"{name} is forward only: call it under torch.no_grad() or use {grad_path} to differentiate")
+
+
 def _kernel():
     return lazy_jit(_KERNELS, (_tree_attn_fwd_kernel,), triton is not None,
                     "specopd_kernels.tree.triton_attention needs triton (pip install triton); use "
@@ -198,14 +212,8 @@ def tree_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lay
     """
     rep, base = check_tree_row(q, k, v, layout, prefix_kv)
     kernel = _kernel()
-    if not triton_runs_on(q.device):
-        raise RuntimeError("tree_attention_triton got CPU tensors: set TRITON_INTERPRET=1 (tests) or use CUDA")
-    if q.dtype not in _DTYPES:
-        raise TypeError(f"tree_attention_triton supports fp32/bf16/fp16, got {q.dtype}")
-    tensors = (q, k, v) + (tuple(prefix_kv) if prefix_kv is not None else ())
-    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
-        raise ValueError("tree_attention_triton is forward only: call it under torch.no_grad() or use "
-                         "tree_attention_grouped to differentiate")
+    check_triton_call("tree_attention_triton", (q, k, v) + (tuple(prefix_kv) if prefix_kv is not None else ()),
+                      "tree_attention_grouped")
     t, hq, d = q.shape
     p, dt = layout.prefix_len, q.dtype
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
