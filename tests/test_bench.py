@@ -651,3 +651,24 @@ def test_results_summary_reads_the_cpu_dtype_file() -> None:
     assert ("(`cpu_dtype_cpu.json`): on this AMD EPYC (AVX2, native bf16: False) SmolLM2 prefill is 8.95x / 12.56x "
             "faster in float32 than in bf16 at 1 / 2 threads, so `dtype: auto` serves float32 here.") in text
     assert results_summary({"cpu_dtype_cpu.json": {"rows": []}})[-1] == "No result file yet."
+
+
+def test_results_summary_reads_the_reference_drafter_and_a_features_only_corpus_run() -> None:
+    """The reference drafter's served tau with its intervals; a features-only corpus run reports its feature rate."""
+    from sglang_specopd.app.bench.report_summary import results_summary
+
+    results = {
+        "reference_drafter_smollm2_cpu.json": {
+            "steps": 1100, "train_tokens": 650054, "drafter": {"block_size": 8, "num_layers": 2},
+            "acceptance": {"T0": {"mean": 1.8123, "ci95": [1.75, 1.87], "prompts": {"math": 24, "coding": 25}},
+                           "T1": {"mean": 1.5, "ci95": [1.45, 1.551], "prompts": {"math": 24, "coding": 25}}}},
+        "reference_corpus_smollm2_cpu.json": {
+            "response_tokens": 667012, "per_domain": {"math": {"response_tokens": 667012}}, "features_cached": 2556,
+            "this_run": {"response_tokens": 0, "generate_tokens_per_s": 0.0, "feature_tokens": 1399089,
+                         "feature_tokens_per_s": 380.9}},
+    }
+    text = "\n".join(results_summary(results))
+    assert ("block 8, 2 layers, SFT 1,100 steps on 650,054 target response tokens" in text
+            and "24+ prompts per domain) T0 1.812 [1.750, 1.870], T1 1.500 [1.450, 1.551]" in text), text
+    assert "fetched the context features of 1,399,089 tokens at 381 tokens/s; features cached for 2,556" in text
+    assert "generated 0 response" not in text

@@ -179,11 +179,33 @@ def _corpus(name: str, data: Mapping[str, Any]) -> List[str]:
     if not per:
         return []
     doms = ", ".join(f"{d} {_int(v.get('response_tokens'))}" for d, v in per.items())
+    if (run.get("response_tokens") or 0) > 0 or not _num(run.get("feature_tokens_per_s")):
+        last = (f"the last run generated {_f(run.get('generate_tokens_per_s'), 0)} response tokens/s at concurrency "
+                f"{data.get('concurrency', '?')}"
+                f"{' per server on %d servers' % data['servers'] if (data.get('servers') or 1) > 1 else ''}")
+    else:  # a features-only run (collect --generate-minutes 0)
+        last = (f"the last run fetched the context features of {_int(run.get('feature_tokens'))} tokens at "
+                f"{_f(run.get('feature_tokens_per_s'), 0)} tokens/s")
     return [f"- **Reference corpus, in progress** (`{name}`): {_int(data.get('response_tokens'))} target response "
-            f"tokens collected of the ~1M aimed at ({doms}); the last run generated "
-            f"{_f(run.get('generate_tokens_per_s'), 0)} response tokens/s at concurrency {data.get('concurrency', '?')}"
-            f"{' per server on %d servers' % data['servers'] if (data.get('servers') or 1) > 1 else ''}; "
+            f"tokens collected of the ~1M aimed at ({doms}); {last}; "
             f"features cached for {_int(data.get('features_cached'))} responses."]
+
+
+def _reference_drafter(name: str, data: Mapping[str, Any]) -> List[str]:
+    acc = data.get("acceptance") or {}
+    if not all(_num((acc.get(k) or {}).get("mean")) for k in ("T0", "T1")):
+        return []
+    d = data.get("drafter") or {}
+    prompts = (acc["T0"].get("prompts") or {}).values()
+
+    def tau(k: str) -> str:
+        lo, hi = acc[k].get("ci95") or [float("nan")] * 2
+        return f"{_f(acc[k]['mean'], 3)} [{_f(lo, 3)}, {_f(hi, 3)}]"
+
+    return [f"- **Reference drafter** (`{name}`): block {d.get('block_size', '?')}, {d.get('num_layers', '?')} layers, "
+            f"SFT {_int(data.get('steps'))} steps on {_int(data.get('train_tokens'))} target response tokens; served "
+            f"held-out tau (mean of the 4 domains, 95% bootstrap interval, {min(prompts, default='?')}+ prompts per "
+            f"domain) T0 {tau('T0')}, T1 {tau('T1')}."]
 
 
 def _cpu_dtype(name: str, data: Mapping[str, Any]) -> List[str]:
@@ -226,6 +248,7 @@ def results_summary(results: Mapping[str, Mapping[str, Any]], results_dir: str =
     items += _sft(("sft_smollm2_cpu.json", "sft_smollm2_big_cpu.json"), results)
     for name, fn in (("cpu_dtype_cpu.json", _cpu_dtype), ("cpu_attention_smollm2_cpu.json", _cpu_attention),
                      ("reference_corpus_smollm2_cpu.json", _corpus),
+                     ("reference_drafter_smollm2_cpu.json", _reference_drafter),
                      ("draft_opd_live_traffic_smollm2_cpu.json", _live_traffic)):
         if name in results:
             items += fn(name, results[name])
