@@ -29,6 +29,7 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Optional
 
 DOMAINS = ["dialogue", "coding", "math", "agentic"]
 RUN = Path("runs/reference_drafter")
@@ -213,6 +214,7 @@ def sft(args) -> int:
     summary = train_sft(drafter, train, holdout, run / "sft", cfg)
     drafter.save_pretrained(run / "drafter-sft", overwrite=True)
     (run / "sft" / "corpus.json").write_text(json.dumps({"train_sequences": len(train), "train_response_tokens": tokens,
+                                                         "sft_command": "python " + " ".join(sys.argv),
                                                          "holdout": sorted(held)}, indent=1))
     print(json.dumps({k: summary[k] for k in ("steps", "wall_s", "train_tokens") if k in summary}), file=sys.stderr)
     return 0
@@ -232,6 +234,17 @@ def plateau(run: Path) -> list:
             out.append({"step": int(m["step"]), "walk_tau": float(tau), "loss": m.get("loss")})
             last = tau
     return out
+
+
+def trained_steps(run: Path) -> Optional[int]:
+    """The steps the SFT drafter trained: its newest checkpoint ``RUN/sft/checkpoints/step-N.pt``, else the last step
+    RUN/sft/metrics.jsonl logged (it logs every few steps), None without either."""
+    ckpts = sorted((run / "sft" / "checkpoints").glob("step-*.pt"))
+    if ckpts:
+        return int(ckpts[-1].stem.split("-")[1])
+    path = run / "sft" / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return int(json.loads(lines[-1])["step"]) if lines else None
 
 
 def _sha256(path: Path) -> str:
@@ -275,7 +288,7 @@ def report(args) -> int:
     payload = {
         "target": "SmolLM2-135M-Instruct", "server_config": args.config,
         "train_tokens": corpus.get("train_response_tokens"), "train_sequences": corpus.get("train_sequences"),
-        "steps": curve[-1]["step"] if curve else None, "acceptance": acceptance, "plateau": curve,
+        "steps": trained_steps(run), "acceptance": acceptance, "plateau": curve,
         "eval_prompts_per_domain": acceptance["T0"]["prompts"], "eval_max_new_tokens": args.eval_max_new_tokens,
         "drafter": {"path": str(ddir), "sha256": _sha256(ddir / "model.safetensors"),
                     "block_size": spec["dflash_config"]["block_size"], "num_layers": spec["num_hidden_layers"]},
@@ -326,16 +339,19 @@ def ship(args) -> int:
     (tmp / "config.json").write_text(json.dumps({**cfg, "dtype": "bfloat16"}, indent=2) + "\n")
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
     corpus = json.loads((RESULTS / "reference_corpus_smollm2_cpu.json").read_text())
+    sft_run = json.loads((run / "sft" / "corpus.json").read_text()) if (run / "sft" / "corpus.json").is_file() else {}
+    steps = trained_steps(run) if src == run / "drafter-sft" else measured.get("steps")
     record = {
         "target": measured["target"], "reproduce": [
             "python benchmarks/reference_drafter.py collect --servers 2",
-            f"python benchmarks/reference_drafter.py sft --steps {measured.get('steps')}",
+            "python benchmarks/reference_drafter.py collect --generate-minutes 0  # the context features",
+            sft_run.get("sft_command") or f"python benchmarks/reference_drafter.py sft --steps {steps}",
             "python benchmarks/reference_drafter.py report", "python benchmarks/reference_drafter.py ship"],
         "shipped_from_commit": commit, "source_sha256_float32": measured["drafter"]["sha256"],
         "data": {"snapshot": str(SNAPSHOT), "response_tokens": corpus.get("response_tokens"),
                  "train_response_tokens": measured.get("train_tokens"),
                  "train_sequences": measured.get("train_sequences")},
-        "steps": measured.get("steps"), "result_file": str(result),
+        "steps": steps, "result_file": str(result),
         "served_tau": {k: {"mean": v["mean"], "ci95": v["ci95"]} for k, v in measured["acceptance"].items()},
         "dtype": "bfloat16 (trained in float32; the served configs load it in the server's dtype)",
     }

@@ -660,6 +660,7 @@ def test_results_summary_reads_the_reference_drafter_and_a_features_only_corpus_
     results = {
         "reference_drafter_smollm2_cpu.json": {
             "steps": 1100, "train_tokens": 650054, "drafter": {"block_size": 8, "num_layers": 2},
+            "plateau": [{"step": 200, "walk_tau": 1.1}, {"step": 1010, "walk_tau": 1.4262}],
             "acceptance": {"T0": {"mean": 1.8123, "ci95": [1.75, 1.87], "prompts": {"math": 24, "coding": 25}},
                            "T1": {"mean": 1.5, "ci95": [1.45, 1.551], "prompts": {"math": 24, "coding": 25}}}},
         "reference_corpus_smollm2_cpu.json": {
@@ -668,7 +669,7 @@ def test_results_summary_reads_the_reference_drafter_and_a_features_only_corpus_
                          "feature_tokens_per_s": 380.9}},
     }
     text = "\n".join(results_summary(results))
-    assert ("block 8, 2 layers, SFT 1,100 steps on 650,054 target response tokens" in text
+    assert ("block 8, 2 layers, SFT on 650,054 target response tokens (held-out walk tau 1.426 at step 1,010" in text
             and "24+ prompts per domain) T0 1.812 [1.750, 1.870], T1 1.500 [1.450, 1.551]" in text), text
     assert "fetched the context features of 1,399,089 tokens at 381 tokens/s; features cached for 2,556" in text
     assert "generated 0 response" not in text

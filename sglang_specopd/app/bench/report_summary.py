@@ -197,13 +197,16 @@ def _reference_drafter(name: str, data: Mapping[str, Any]) -> List[str]:
         return []
     d = data.get("drafter") or {}
     prompts = (acc["T0"].get("prompts") or {}).values()
+    curve = [c for c in data.get("plateau") or [] if isinstance(c, Mapping)]
+    walk = (f" (held-out walk tau {_f(curve[-1].get('walk_tau'), 3)} at step {_int(curve[-1].get('step'))}, the "
+            "last measured)") if curve else ""
 
     def tau(k: str) -> str:
         lo, hi = acc[k].get("ci95") or [float("nan")] * 2
         return f"{_f(acc[k]['mean'], 3)} [{_f(lo, 3)}, {_f(hi, 3)}]"
 
     return [f"- **Reference drafter** (`{name}`): block {d.get('block_size', '?')}, {d.get('num_layers', '?')} layers, "
-            f"SFT {_int(data.get('steps'))} steps on {_int(data.get('train_tokens'))} target response tokens; served "
+            f"SFT on {_int(data.get('train_tokens'))} target response tokens{walk}; served "
             f"held-out tau (mean of the 4 domains, 95% bootstrap interval, {min(prompts, default='?')}+ prompts per "
             f"domain) T0 {tau('T0')}, T1 {tau('T1')}."]
 
