@@ -340,7 +340,7 @@ def ship(args) -> int:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
     corpus = json.loads((RESULTS / "reference_corpus_smollm2_cpu.json").read_text())
     sft_run = json.loads((run / "sft" / "corpus.json").read_text()) if (run / "sft" / "corpus.json").is_file() else {}
-    steps = trained_steps(run) if src == run / "drafter-sft" else measured.get("steps")
+    steps = (trained_steps(run) if src == run / "drafter-sft" else None) or measured.get("steps")
     record = {
         "target": measured["target"], "reproduce": [
             "python benchmarks/reference_drafter.py collect --servers 2",

@@ -109,3 +109,10 @@ def test_ship_copies_the_reported_drafter_in_bf16_with_its_record(tmp_path: Path
     assert record["data"]["response_tokens"] == 5000 and record["source_sha256_float32"] == measured["drafter"]["sha256"]
     assert json.loads((dest / "config.json").read_text())["dtype"] == "bfloat16"
     assert not dest.with_name(dest.name + ".tmp").exists()
+    # the trained steps come from the SFT run's newest checkpoint, the sft command from its corpus.json
+    (tmp_path / "run" / "sft" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "run" / "sft" / "checkpoints" / "step-0000450.pt").write_bytes(b"")
+    (tmp_path / "run" / "sft" / "corpus.json").write_text(json.dumps({"sft_command": "python x.py sft --steps 500"}))
+    assert rd.ship(args) == 0
+    record = json.loads((dest / refs.RECORD).read_text())
+    assert record["steps"] == 450 and "python x.py sft --steps 500" in record["reproduce"]
