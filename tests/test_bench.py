@@ -430,6 +430,15 @@ def test_results_summary_names_each_file_and_reads_its_numbers() -> None:
     assert "alpha 3.6-7.9x faster than the torch reference (max alpha difference 8.0e-07)" in text
     assert "grouped tree attention 9.6x vs dense-mask attention" in text and "proposal-tree" not in text
     assert "Serving speed-up" not in text and "sft_smollm2_cpu.json" not in text  # absent files: no item
+    gdn = {"dtype": "float32", "target": "tiny-qwen3next", "layer_pattern": "8 layers: 6 GDN + 2 full attention",
+           "state_bytes_per_node": 16384,
+           "cases": [{"anchors": 16, "branches": 4, "prefix_len": 512, "ratio": 2.70, "max_abs_logprob_diff": 1.3e-5}]}
+    gdn_text = "\n".join(results_summary({"tree_scoring_gdn_cpu.json": gdn}))
+    assert ("- **Tree scoring, hybrid GDN target** (`tree_scoring_gdn_cpu.json`, tiny-qwen3next: 8 layers: 6 GDN + 2 "
+            "full attention, GDN state 16,384 bytes per node per GDN layer): one `score_trees` forward (indexed state "
+            "replay) vs stock SGLang scoring every branch, supervised tokens/s ratio: 16 anchors x 4 branches on 512 "
+            "tokens 2.7x; max abs log-prob difference 1.3e-05 (float32).") in gdn_text
+    assert TREE_SCORING_REDO not in gdn_text
     items = [ln for ln in text.splitlines() if ln.startswith("- **")]
     assert len(items) == 5 and all(re.search(r"\(`[\w.]+\.json`", ln) for ln in items)  # each names its file
     assert results_summary({})[-1] == "No result file yet."

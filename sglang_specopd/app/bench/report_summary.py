@@ -104,9 +104,16 @@ def _tree_scoring(name: str, data: Mapping[str, Any]) -> List[str]:
     each = "; ".join(f"{c.get('anchors', '?')} anchors x {c.get('branches', '?')} branches on "
                      f"{c.get('prefix_len', '?')} tokens {_f(c.get('ratio'), 1)}x" for c in cases)
     diff = max((c["max_abs_logprob_diff"] for c in cases if _num(c.get("max_abs_logprob_diff"))), default=None)
-    return [f"- **Tree scoring** (`{name}`): one `score_trees` forward vs stock SGLang scoring every branch, "
-            f"supervised tokens/s ratio: {each}; max abs log-prob difference {_sci(diff)} "
-            f"({data.get('dtype', '?')}). Note: {TREE_SCORING_REDO}."]
+    if name == "tree_scoring_cpu.json":
+        return [f"- **Tree scoring** (`{name}`): one `score_trees` forward vs stock SGLang scoring every branch, "
+                f"supervised tokens/s ratio: {each}; max abs log-prob difference {_sci(diff)} "
+                f"({data.get('dtype', '?')}). Note: {TREE_SCORING_REDO}."]
+    state = data.get("state_bytes_per_node")
+    state_txt = f", GDN state {int(state):,} bytes per node per GDN layer" if _num(state) else ""
+    return [f"- **Tree scoring, hybrid GDN target** (`{name}`, {data.get('target', '?')}: "
+            f"{data.get('layer_pattern', '?')}{state_txt}): one `score_trees` forward (indexed state replay) vs "
+            f"stock SGLang scoring every branch, supervised tokens/s ratio: {each}; max abs log-prob difference "
+            f"{_sci(diff)} ({data.get('dtype', '?')})."]
 
 
 def _greedy_identity(name: str, data: Mapping[str, Any]) -> List[str]:
@@ -244,8 +251,9 @@ def results_summary(results: Mapping[str, Mapping[str, Any]], results_dir: str =
         items += _serving(name, results[name])
     if "specopd_smollm2_cpu.json" in results:
         items += _comparison("specopd_smollm2_cpu.json", results["specopd_smollm2_cpu.json"])
-    if "tree_scoring_cpu.json" in results:
-        items += _tree_scoring("tree_scoring_cpu.json", results["tree_scoring_cpu.json"])
+    for name in ("tree_scoring_cpu.json", "tree_scoring_gdn_cpu.json"):
+        if name in results:
+            items += _tree_scoring(name, results[name])
     if "serve_smollm2_cpu.json" in results:
         items += _greedy_identity("serve_smollm2_cpu.json", results["serve_smollm2_cpu.json"])
     items += _sft(("sft_smollm2_cpu.json", "sft_smollm2_big_cpu.json"), results)
