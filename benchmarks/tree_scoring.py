@@ -10,6 +10,18 @@ anchors, then
 Supervised tokens = anchors x branches x (block_size - 1) scored draft tokens. The exactness check compares the
 top-1 log-prob of every scored row between the two paths (``max_abs_logprob_diff``, float32).
 
+The roofline, in the same run and server: a plain prefill of ``tree_rows`` = prefix + nodes random tokens (the rows
+one cold tree forward runs; ``/generate`` with ``max_new_tokens`` 1 after ``/flush_cache``, best of the repeats)
+gives ``prefill_tokens_per_s``; the cold tree call (score_trees prefix cache cleared first, so the prefix is
+computed) runs ``tree_rows / tree_s`` token-forwards/s, and ``roofline_fraction`` is their ratio. The tree call
+also computes top-k log-probs over the vocabulary for every scored row (anchors + nodes), which the prefill does
+for one row only: ``head_s`` times that LM head (fp32 matmul, logsumexp, top-k, as ``scoring.head_outputs`` does
+it) here, in this process, with the target's real head shape and the server's thread count, and
+``roofline_fraction_with_head`` = (prefill_s + head_s) / tree_s is the fraction of the roofline that includes it. The warm call (``tree_warm_s``) reuses the prefix's K/V from the
+score_trees prefix cache (``prefix_cache`` "hit"; hybrid GDN targets do not cache: "off"). The server scores each
+reference as one forward (``--budget 0``) unless ``--budget`` cuts it into pieces of that many rows between decode
+steps, as the serving configs do (docs/score_trees.md).
+
     python benchmarks/tree_scoring.py [--out benchmarks/results/tree_scoring_cpu.json] [--repeats 3]
 
 ``--target tiny-qwen3next`` (or a checkpoint directory) scores a hybrid Gated DeltaNet target instead (the
@@ -48,7 +60,17 @@ def make_reference(client, url, tok, length: int):
     return (prompt + out["output_ids"])[:length]
 
 
-def tree_call(client, url, ref, anchors, branches, block_size):
+ADMIN_KEY = "tree-scoring-bench"  # the benchmark's own server: clearing the prefix cache is an admin route
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+def tree_call(client, url, ref, anchors, branches, block_size, cold: bool = True):
+    """One ``score_trees`` call; ``cold``: the score_trees prefix cache is cleared first. Returns (seconds, tensors,
+    the reply's ``prefix_cache`` state)."""
+    from sglang_specopd.wire.protocol import PREFIX_CACHE_PATH, decode_tensors
+
+    if cold:
+        client.post(url + PREFIX_CACHE_PATH + "/clear", headers=ADMIN).raise_for_status()
     req = {"references": [{"input_ids": ref, "trees": [{"anchor": a, "branches": brs} for a, brs in
                                                        zip(anchors, branches)]}],
            "block_size": block_size, "returns": ["topk"], "top_k": TOP_K}
@@ -56,10 +78,18 @@ def tree_call(client, url, ref, anchors, branches, block_size):
     r = client.post(url + "/specopd/score_trees", json=req, timeout=1200)
     dt = time.perf_counter() - t0
     r.raise_for_status()
-    from sglang_specopd.wire.protocol import decode_tensors
+    tensors, header = decode_tensors(r.content)
+    return dt, tensors, header["references"][0].get("prefix_cache", "off")
 
-    tensors, _ = decode_tensors(r.content)
-    return dt, tensors
+
+def prefill_call(client, url, length: int, vocab: int, rng) -> float:
+    """Seconds for a plain prefill of ``length`` random tokens (radix cache flushed first, one output token)."""
+    client.post(url + "/flush_cache", headers=ADMIN).raise_for_status()
+    ids = [rng.randrange(vocab) for _ in range(length)]
+    t0 = time.perf_counter()
+    client.post(url + "/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 1}},
+                timeout=1200).raise_for_status()
+    return time.perf_counter() - t0
 
 
 def baseline_call(client, url, ref, anchors, branches):
@@ -97,29 +127,71 @@ def exactness(tensors, base, anchors, branches) -> float:
     return worst
 
 
-def run_case(client, url, tok, vocab, case, refs_cache, repeats, rng):
+def head_seconds(rows: int, head_dims, threads: int, repeats: int = 3) -> float:
+    """Best-of-``repeats`` seconds of the score_trees LM head on ``rows`` random fp32 hidden rows: logits =
+    h @ W^T ([rows, V]), logsumexp, top-k (``head_dims`` = (hidden, vocab); torch at ``threads`` threads)."""
+    import torch
+
+    hidden, vocab = head_dims
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        h, w = torch.randn(rows, hidden, generator=gen), torch.randn(vocab, hidden, generator=gen) * 0.02
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            logits = torch.matmul(h, w.t())
+            lse = torch.logsumexp(logits, dim=-1)
+            vals, _ = logits.topk(TOP_K, dim=-1)
+            (vals - lse[:, None]).sum().item()
+            best = min(best, time.perf_counter() - t0)
+        return best
+    finally:
+        torch.set_num_threads(before)
+
+
+def run_case(client, url, tok, vocab, case, refs_cache, repeats, rng, head_dims=None, threads=1):
     A, K, B, P = case
     if P not in refs_cache:
         refs_cache[P] = make_reference(client, url, tok, P)
     ref = refs_cache[P]
     anchors = [int(P * 0.2 + i * (P * 0.8 - 1) / A) for i in range(A)]
     branches = [[[rng.randrange(vocab) for _ in range(B - 1)] for _ in range(K)] for _ in anchors]
-    client.post(url + "/generate", json={"input_ids": ref, "sampling_params": {"max_new_tokens": 1}})  # warm radix
-    tree_t, base_t = [], []
+    tokens = A * K * (B - 1)
+    rows = P + tokens  # one cold tree forward: the prefix, then every node
+    tree_t, warm_t, base_t, prefill_t, states = [], [], [], [], set()
     for _ in range(repeats):
-        dt, tensors = tree_call(client, url, ref, anchors, branches, B)
+        prefill_t.append(prefill_call(client, url, rows, vocab, rng))
+        dt, tensors, state = tree_call(client, url, ref, anchors, branches, B, cold=True)
         tree_t.append(dt)
+        dt, warm_tensors, warm_state = tree_call(client, url, ref, anchors, branches, B, cold=False)
+        warm_t.append(dt)
+        states.add(warm_state)
+        # stock SGLang at its best: the reference's K/V already in the radix cache
+        client.post(url + "/generate", json={"input_ids": ref, "sampling_params": {"max_new_tokens": 1}})
         dt, base = baseline_call(client, url, ref, anchors, branches)
         base_t.append(dt)
-    tokens = A * K * (B - 1)
-    tree_s, base_s = min(tree_t), min(base_t)
+    tree_s, warm_s, base_s, prefill_s = min(tree_t), min(warm_t), min(base_t), min(prefill_t)
     res = {"anchors": A, "branches": K, "block_size": B, "prefix_len": P, "supervised_tokens": tokens,
-           "tree_s": tree_s, "per_branch_s": base_s, "tree_tokens_per_s": tokens / tree_s,
+           "tree_rows": rows, "tree_s": tree_s, "per_branch_s": base_s, "tree_tokens_per_s": tokens / tree_s,
            "per_branch_tokens_per_s": tokens / base_s, "ratio": base_s / tree_s,
-           "max_abs_logprob_diff": exactness(tensors, base, anchors, branches),
-           "tree_s_all": tree_t, "per_branch_s_all": base_t}
-    print(f"case {case}: tree {res['tree_tokens_per_s']:.0f} tok/s, per-branch {res['per_branch_tokens_per_s']:.0f} "
-          f"tok/s, ratio {res['ratio']:.1f}x, max |dlogp| {res['max_abs_logprob_diff']:.2e}", file=sys.stderr)
+           "prefill_s": prefill_s, "prefill_tokens_per_s": rows / prefill_s,
+           "tree_token_forwards_per_s": rows / tree_s, "roofline_fraction": prefill_s / tree_s,
+           "head_s": None, "roofline_fraction_with_head": None,
+           "tree_warm_s": warm_s, "tree_warm_tokens_per_s": tokens / warm_s, "warm_ratio": base_s / warm_s,
+           "prefix_cache": "/".join(sorted(states)),
+           "max_abs_logprob_diff": max(exactness(tensors, base, anchors, branches),
+                                       exactness(warm_tensors, base, anchors, branches)),
+           "tree_s_all": tree_t, "tree_warm_s_all": warm_t, "per_branch_s_all": base_t, "prefill_s_all": prefill_t}
+    if head_dims:
+        res["head_s"] = head_seconds(A + tokens, head_dims, threads)
+        res["roofline_fraction_with_head"] = (prefill_s + res["head_s"]) / tree_s
+    print(f"case {case}: tree {res['tree_tokens_per_s']:.0f} tok/s (warm {res['tree_warm_tokens_per_s']:.0f}), "
+          f"per-branch {res['per_branch_tokens_per_s']:.0f} tok/s, ratio {res['ratio']:.1f}x, roofline fraction "
+          f"{res['roofline_fraction']:.2f} (prefill {res['prefill_tokens_per_s']:.0f} tok/s; with the LM head "
+          f"{res['roofline_fraction_with_head'] or float('nan'):.2f}), "
+          f"max |dlogp| {res['max_abs_logprob_diff']:.2e}", file=sys.stderr)
     return res
 
 
@@ -160,6 +232,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default=None, help="'A,K,B,P;...' (anchors, branches, block, prefix) instead of "
                                                   "the default four cases (e.g. a smoke run)")
     ap.add_argument("--mamba-slots", type=int, default=160, help="hybrid targets: SGLang's mamba state pool size")
+    ap.add_argument("--budget", type=int, default=0, help="score_trees_budget_tokens of the server (0: each "
+                                                          "reference in one forward)")
+    ap.add_argument("--prefix-cache-mb", type=int, default=1024, help="score_trees prefix cache of the server")
     args = ap.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -173,18 +248,30 @@ def main(argv=None) -> int:
     target_dir = resolve_target(args.target)
     hybrid = hybrid_info(target_dir)
     tok = AutoTokenizer.from_pretrained(target_dir)
-    cfg = ServeConfig.load(config_path("cpu-smollm2-plain")).model_copy(update={"dtype": args.dtype,
-                                                                              "target": str(target_dir)})
+    cfg = ServeConfig.load(config_path("cpu-smollm2-plain")).model_copy(update={
+        "dtype": args.dtype, "target": str(target_dir), "score_trees_budget_tokens": args.budget,
+        "score_trees_prefix_cache_mb": args.prefix_cache_mb})
     extra = ["--max-mamba-cache-size", str(args.mamba_slots)] if hybrid else []
+    import json
+    import os
+
+    target_cfg = json.loads((target_dir / "config.json").read_text())
+    head_dims = (int(target_cfg["hidden_size"]), int(target_cfg["vocab_size"]))
+    threads = int(os.environ.get("SPECOPD_CPU_SERVER_THREADS") or os.environ.get("OMP_NUM_THREADS") or 1)
     rng = random.Random(0)
-    with SGLangServer(launch_spec(cfg, port=args.port, extra_args=extra)) as server, \
+    with SGLangServer(launch_spec(cfg, port=args.port, admin_api_key=ADMIN_KEY, extra_args=extra)) as server, \
             httpx.Client(timeout=1800) as client:
         refs = {}
-        cases = [run_case(client, server.url, tok, len(tok), c, refs, args.repeats, rng)
+        cases = [run_case(client, server.url, tok, len(tok), c, refs, args.repeats, rng, head_dims, threads)
                  for c in (parse_cases(args.cases) if args.cases else CASES)]
     ok = all(c["max_abs_logprob_diff"] <= args.tolerance for c in cases)
     name = "SmolLM2-135M-Instruct" if args.target == "smollm2" else args.target
     write_result(args.out, {"target": name, **hybrid, "dtype": args.dtype, "top_k": TOP_K,
+                            "score_trees_budget_tokens": args.budget,
+                            "score_trees_prefix_cache_mb": args.prefix_cache_mb,
+                            "min_roofline_fraction": min(c["roofline_fraction"] for c in cases),
+                            "min_roofline_fraction_with_head": min(c["roofline_fraction_with_head"] for c in cases),
+                            "server_threads": threads,
                             "exactness_tolerance": args.tolerance, "exactness_ok": ok, "cases": cases},
                  command="python " + " ".join(sys.argv))
     print(f"wrote {args.out}; exactness {'ok' if ok else 'FAILED'}", file=sys.stderr)

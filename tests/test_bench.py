@@ -432,13 +432,25 @@ def test_results_summary_names_each_file_and_reads_its_numbers() -> None:
     assert "Serving speed-up" not in text and "sft_smollm2_cpu.json" not in text  # absent files: no item
     gdn = {"dtype": "float32", "target": "tiny-qwen3next", "layer_pattern": "8 layers: 6 GDN + 2 full attention",
            "state_bytes_per_node": 16384,
-           "cases": [{"anchors": 16, "branches": 4, "prefix_len": 512, "ratio": 2.70, "max_abs_logprob_diff": 1.3e-5}]}
+           "cases": [{"anchors": 16, "branches": 4, "prefix_len": 512, "ratio": 2.70, "max_abs_logprob_diff": 1.3e-5,
+                      "roofline_fraction": 0.91, "warm_ratio": 2.7, "prefix_cache": "off"},
+                     {"anchors": 8, "branches": 4, "prefix_len": 256, "ratio": 1.9, "max_abs_logprob_diff": 1e-5,
+                      "roofline_fraction": 0.875, "warm_ratio": 1.9, "prefix_cache": "off"}]}
     gdn_text = "\n".join(results_summary({"tree_scoring_gdn_cpu.json": gdn}))
     assert ("- **Tree scoring, hybrid GDN target** (`tree_scoring_gdn_cpu.json`, tiny-qwen3next: 8 layers: 6 GDN + 2 "
             "full attention, GDN state 16,384 bytes per node per GDN layer): one `score_trees` forward (indexed state "
             "replay) vs stock SGLang scoring every branch, supervised tokens/s ratio: 16 anchors x 4 branches on 512 "
-            "tokens 2.7x; max abs log-prob difference 1.3e-05 (float32).") in gdn_text
-    assert TREE_SCORING_REDO not in gdn_text
+            "tokens 2.7x; 8 anchors x 4 branches on 256 tokens 1.9x; roofline fraction (cold tree token-forwards/s "
+            "over a plain prefill of the same rows) 0.88-0.91; max abs log-prob difference 1.3e-05 (float32).") in gdn_text
+    assert TREE_SCORING_REDO not in gdn_text  # the note is for files without a roofline measurement
+    new = dict(results["tree_scoring_cpu.json"], cases=[dict(c, roofline_fraction=0.9, warm_ratio=12.25,
+                                                             prefix_cache="hit", roofline_fraction_with_head=0.99)
+                                                        for c in results["tree_scoring_cpu.json"]["cases"]])
+    new_text = "\n".join(results_summary({"tree_scoring_cpu.json": new}))
+    assert ("7.6x; 8 anchors x 4 branches on 256 tokens 1.8x; with the reference's K/V from the prefix cache "
+            "12.2-12.2x; roofline fraction (cold tree token-forwards/s over a plain prefill of the same rows) "
+            "0.90-0.90 (0.99-0.99 counting the LM head over the scored rows, which a plain prefill computes for one "
+            "row); max abs log-prob difference 2.0e-05 (float32).") in new_text and "#20" not in new_text
     items = [ln for ln in text.splitlines() if ln.startswith("- **")]
     assert len(items) == 5 and all(re.search(r"\(`[\w.]+\.json`", ln) for ln in items)  # each names its file
     assert results_summary({})[-1] == "No result file yet."

@@ -194,13 +194,20 @@ def _tree_scoring_section(name: str, tree) -> list:
     out: list = []
     if tree and isinstance(tree.get("cases"), list):
         out += [f"### `{name}`", "", f"Produced by {_provenance(tree)}.", "",
-                "| anchors | branches | block | prefix | tree tok/s | per-branch tok/s | ratio "
-                "| max abs log-prob diff |",
-                "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                "Supervised tokens/s; the roofline fraction is the cold tree call's token-forwards/s (prefix + "
+                "nodes) over a plain prefill of as many tokens on the same server; warm: the reference's K/V from "
+                "the score_trees prefix cache; with head: the roofline plus the LM head over the scored rows "
+                "(`head_s`).", "",
+                "| anchors | branches | block | prefix | tree tok/s | warm tok/s | per-branch tok/s | ratio "
+                "| prefill tok/s | roofline fraction | with head | max abs log-prob diff |",
+                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for c in tree["cases"]:
             out.append(f"| {c.get('anchors', '-')} | {c.get('branches', '-')} | {c.get('block_size', '-')} | "
                        f"{c.get('prefix_len', '-')} | {_f(c.get('tree_tokens_per_s'), 1)} | "
+                       f"{_f(c.get('tree_warm_tokens_per_s'), 1)} | "
                        f"{_f(c.get('per_branch_tokens_per_s'), 1)} | {_f(c.get('ratio'))}x | "
+                       f"{_f(c.get('prefill_tokens_per_s'), 1)} | {_f(c.get('roofline_fraction'))} | "
+                       f"{_f(c.get('roofline_fraction_with_head'))} | "
                        f"{_f(c.get('max_abs_logprob_diff'), 6)} |")
         out.append("")
     return out

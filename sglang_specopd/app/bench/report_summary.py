@@ -98,22 +98,34 @@ def _comparison(name: str, data: Mapping[str, Any]) -> List[str]:
 
 
 def _tree_scoring(name: str, data: Mapping[str, Any]) -> List[str]:
+    """One summary item for a ``tree_scoring*.json`` file: the ratio to per-branch scoring per case, the roofline
+    fraction (cold tree token-forwards/s over plain prefill tokens/s) where measured, the exactness."""
     cases = [c for c in data.get("cases") or [] if isinstance(c, Mapping)]
     if not cases:
         return []
     each = "; ".join(f"{c.get('anchors', '?')} anchors x {c.get('branches', '?')} branches on "
                      f"{c.get('prefix_len', '?')} tokens {_f(c.get('ratio'), 1)}x" for c in cases)
     diff = max((c["max_abs_logprob_diff"] for c in cases if _num(c.get("max_abs_logprob_diff"))), default=None)
+    fractions = [c["roofline_fraction"] for c in cases if _num(c.get("roofline_fraction"))]
+    warm = [c["warm_ratio"] for c in cases if _num(c.get("warm_ratio")) and c.get("prefix_cache") == "hit"]
+    tail = f"max abs log-prob difference {_sci(diff)} ({data.get('dtype', '?')})"
+    with_head = [c["roofline_fraction_with_head"] for c in cases if _num(c.get("roofline_fraction_with_head"))]
+    if fractions:
+        head_txt = (f" ({_f(min(with_head), 2)}-{_f(max(with_head), 2)} counting the LM head over the scored rows, "
+                    f"which a plain prefill computes for one row)" if with_head else "")
+        tail = (f"roofline fraction (cold tree token-forwards/s over a plain prefill of the same rows) "
+                f"{_f(min(fractions), 2)}-{_f(max(fractions), 2)}{head_txt}; " + tail)
+    if warm:
+        tail = f"with the reference's K/V from the prefix cache {_f(min(warm), 1)}-{_f(max(warm), 1)}x; " + tail
     if name == "tree_scoring_cpu.json":
+        note = "" if fractions else f" Note: {TREE_SCORING_REDO}."
         return [f"- **Tree scoring** (`{name}`): one `score_trees` forward vs stock SGLang scoring every branch, "
-                f"supervised tokens/s ratio: {each}; max abs log-prob difference {_sci(diff)} "
-                f"({data.get('dtype', '?')}). Note: {TREE_SCORING_REDO}."]
+                f"supervised tokens/s ratio: {each}; {tail}.{note}"]
     state = data.get("state_bytes_per_node")
     state_txt = f", GDN state {int(state):,} bytes per node per GDN layer" if _num(state) else ""
     return [f"- **Tree scoring, hybrid GDN target** (`{name}`, {data.get('target', '?')}: "
             f"{data.get('layer_pattern', '?')}{state_txt}): one `score_trees` forward (indexed state replay) vs "
-            f"stock SGLang scoring every branch, supervised tokens/s ratio: {each}; max abs log-prob difference "
-            f"{_sci(diff)} ({data.get('dtype', '?')})."]
+            f"stock SGLang scoring every branch, supervised tokens/s ratio: {each}; {tail}."]
 
 
 def _greedy_identity(name: str, data: Mapping[str, Any]) -> List[str]:
