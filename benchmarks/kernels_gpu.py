@@ -242,14 +242,16 @@ def _tree_row(p: int, anchors: list, k: int, depth: int):
 
 
 def attention_cases(device: str, small: bool, repeats: int) -> list:
-    """Tree attention on SpecOPD-shaped rows: the grouped torch path, the Triton kernel (interpreter on CPU) and a
-    dense-mask SDPA, against the dense fp32-math reference (``tree_attention_reference``) where it fits, else
+    """Tree attention on SpecOPD-shaped rows: the grouped torch path, the Triton kernel (interpreter on CPU),
+    FlashInfer's packed custom mask (CUDA with flashinfer installed, fp16 / bf16) and a dense-mask SDPA, against
+    the dense fp32-math reference (``tree_attention_reference``) where it fits, else
     against the grouped path. ``cached``: node rows only, against the prefix K/V (the score_trees prefix-cache hit
     path). Triton values are checked and timed only where it can run (CUDA, or CPU under TRITON_INTERPRET=1)."""
     import torch
 
-    from specopd_kernels.tree import tree_attention_grouped, tree_attention_triton
+    from specopd_kernels.tree import tree_attention_flashinfer, tree_attention_grouped, tree_attention_triton
     from specopd_kernels.tree.attention import tree_attention_reference
+    from specopd_kernels.tree.flashinfer_attention import flashinfer_runs_on
     from specopd_kernels.tree.triton_attention import triton_runs_on
 
     # (prefix P, anchors A, branches K, scored depth D, q heads, kv heads, head dim, dtype, cached, dense reference)
@@ -293,6 +295,12 @@ def attention_cases(device: str, small: bool, repeats: int) -> list:
                 row["triton_speedup_vs_grouped"] = row["grouped_s"] / row["triton_s"]
                 if dense:
                     row["triton_speedup_vs_sdpa_dense"] = row["sdpa_dense_mask_s"] / row["triton_s"]
+                del got
+            if flashinfer_runs_on(device) and dtype != torch.float32:  # FlashInfer: fp16 / bf16 only, CUDA only
+                got = tree_attention_flashinfer(*args, **kw)
+                row["flashinfer_max_abs_diff"] = float((got.float() - ref.float()).abs().max())
+                row["flashinfer_s"] = _timed(lambda: tree_attention_flashinfer(*args, **kw), device, repeats)
+                row["flashinfer_speedup_vs_grouped"] = row["grouped_s"] / row["flashinfer_s"]
                 del got
         del ref, mask, q, kk, v, args, kw
         _emit(out, row, device)

@@ -28,7 +28,9 @@ def test_defaults_per_device(monkeypatch):
 
 
 def test_registry_marks_the_gpu_path_unverified_and_forward_only():
-    assert set(TREE_ATTENTION_BACKENDS) == {"torch", "triton"}
+    assert set(TREE_ATTENTION_BACKENDS) == {"torch", "triton", "flashinfer"}
+    f = TREE_ATTENTION_BACKENDS["flashinfer"]
+    assert (f.verified, f.differentiable) == (False, False)
     t, g = TREE_ATTENTION_BACKENDS["triton"], TREE_ATTENTION_BACKENDS["torch"]
     assert (t.verified, t.differentiable) == (False, False) and (g.verified, g.differentiable) == (True, True)
     assert "UNVERIFIED" in tree_attention_triton.__doc__

@@ -7,8 +7,12 @@ Every backend has the signature of :func:`specopd_kernels.tree.tree_attention_gr
     kernel, forward only. The default on CUDA when triton imports. UNVERIFIED ON A GPU: parity is tested
     under the Triton interpreter only; run ``benchmarks/kernels_gpu.py`` on a GPU before relying on it, or force
     ``SPECOPD_TREE_ATTENTION=torch``.
+  - ``flashinfer``: :func:`specopd_kernels.tree.flashinfer_attention.tree_attention_flashinfer`, FlashInfer's
+    prefill kernel with the row's packed custom mask, forward only; CUDA with flashinfer installed, chosen only
+    by ``SPECOPD_TREE_ATTENTION=flashinfer``. UNVERIFIED ON A GPU (tested on CPU with a torch stand-in for the
+    FlashInfer call).
 :func:`get_tree_attention` picks one per device (the env variable ``SPECOPD_TREE_ATTENTION`` = ``torch`` /
-``triton`` overrides the choice); the score_trees forward calls through it.
+``triton`` / ``flashinfer`` overrides the choice); the score_trees forward calls through it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Callable, Dict, Optional
 
 import torch
 
+from .flashinfer_attention import flashinfer_runs_on, tree_attention_flashinfer
 from .grouped import tree_attention_grouped
 from .triton_attention import tree_attention_triton, triton_runs_on
 
@@ -48,6 +53,7 @@ class TreeAttentionBackend:
 TREE_ATTENTION_BACKENDS: Dict[str, TreeAttentionBackend] = {
     "torch": TreeAttentionBackend("torch", tree_attention_grouped, lambda device: True, True, True),
     "triton": TreeAttentionBackend("triton", tree_attention_triton, triton_runs_on, False, False),
+    "flashinfer": TreeAttentionBackend("flashinfer", tree_attention_flashinfer, flashinfer_runs_on, False, False),
 }
 
 
@@ -66,7 +72,7 @@ def choose_backend(device, name: Optional[str], env_var: str, runs_on: Dict[str,
                          f"known: {', '.join(runs_on)}")
     if not runs_on[chosen](dev):
         raise ValueError(f"{what} backend {chosen!r} cannot run on {dev.type} here "
-                         "(triton needs CUDA, or TRITON_INTERPRET=1 on CPU)")
+                         "(triton needs CUDA, or TRITON_INTERPRET=1 on CPU; flashinfer needs CUDA and flashinfer)")
     return chosen
 
 
