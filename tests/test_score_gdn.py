@@ -103,6 +103,24 @@ def test_other_recurrent_targets_are_refused_with_the_reason(kind: str) -> None:
         assert needle in reason, (needle, reason)
 
 
+def test_sparse_attention_targets_are_refused() -> None:
+    """A QSA indexer anywhere in the model (Qwen4-Exp) is refused, even on a config SGLang counts as hybrid GDN
+    whose GDN layers are scorable: a tree forward would select keys over the packed row and write its caches."""
+    from sglang.srt.configs import Qwen3NextConfig
+    from sglang.srt.layers.attention.qsa.qsa_indexer import QSAIndexer
+    from sglang_specopd.server.score_gdn import unscorable_reason
+
+    params = random_gdn_params(H, HV, DK, DV, W, seed=1)
+    indexer = QSAIndexer.__new__(QSAIndexer)  # no constructor arguments needed to be recognised
+    torch.nn.Module.__init__(indexer)
+    attn = torch.nn.Module()
+    attn.indexer = indexer
+    config = _model_config(Qwen3NextConfig())
+    assert unscorable_reason(config, _model(_linear_attention(params))) == ""  # the same model without it
+    reason = unscorable_reason(config, _model(_linear_attention(params), attn))
+    assert reason.startswith("score_trees cannot score this target (sparse attention)") and "QSA indexer" in reason
+
+
 def test_http_side_refuses_an_unscorable_target_before_parsing() -> None:
     from sglang_specopd.server.score_admission import prepare
     from sglang_specopd.server.score_cost import ScoreSettings, TargetDims

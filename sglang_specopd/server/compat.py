@@ -218,6 +218,8 @@ SYMBOLS: Tuple[Symbol, ...] = (
        AROUND, ("self", "forward_batch", "mixed_qkv", "a", "b"), used_by="score_gdn"),
     _s("mambaish_config", _HYBRID_ARCH, "mambaish_config", R, ("model_config",), used_by="score_gdn"),
     _s("hybrid_gdn_config", _HYBRID_ARCH, "hybrid_gdn_config", R, ("model_config",), used_by="score_gdn"),
+    # sparse-attention (QSA, Qwen4-Exp) layers: refused until score_trees selects their keys per tree node
+    _s("QSAIndexer", "sglang.srt.layers.attention.qsa.qsa_indexer", "QSAIndexer", R, used_by="score_gdn"),
     # capture by a per-layer ``_is_layer_to_capture`` flag, as set_dflash_layers_to_capture sets it
     _s("Qwen3NextModel", "sglang.srt.models.qwen3_next", "Qwen3NextModel", R, used_by="score_gdn",
        attrs=("layers", "layers_to_capture", "set_dflash_layers_to_capture")),
