@@ -6,16 +6,21 @@ after teardown that no process of that server is left (:func:`assert_no_orphans`
 ``/dev/shm`` entries (``sem.mp-*`` semaphores), its unix sockets (ZeroMQ ipc) and its private TMPDIR are gone
 (:func:`server_files` / :func:`assert_no_leftover_files`).
 
-Costs on a 2-core CPU machine: ~30-45 s and ~1.5 GB per SGLang process (3 per server) to start. To keep the
-suite short and never run two servers at once:
+Costs on a 2-core CPU machine: ~40-100 s and ~1.5 GB per SGLang process (3 per server) to start. To keep the
+suite short and rarely run two servers at once:
 
 * each *plain* reference server lives only inside its ``*_plain_outputs`` fixture: it starts, answers the fixed
-  prompts, and is stopped before the fixture returns (the outputs are plain data);
+  prompts, and is stopped before the fixture returns (the outputs are plain data, session-scoped when several
+  modules compare against them);
 * each SPECOPD server fixture depends on the matching ``*_plain_outputs`` fixture, so the plain server is always
   gone before the SPECOPD server starts, whatever order the tests run in;
-* server fixtures are module-scoped: every one is used by a single test module, so this still starts each server
-  at most once per session, and it is stopped when its module ends instead of at the end of the session (a tiny
-  SPECOPD server would otherwise still be running while the SmolLM2 servers start).
+* a server configuration that several modules need is one shared server (``tests/_servers.py``): started by the
+  first module that asks for it, put back the way it started before each module (start-up drafter, empty
+  caches), stopped after the last module that uses it; those modules run one after another
+  (:func:`pytest_collection_modifyitems`). The shared ones: :func:`tiny_specopd_server` (no admin key),
+  :func:`tiny_admin_server` (admin key, prefix cache, 1 MB payload limit, traffic spool), ``parity_server``
+  (``tests/test_trainer_parity.py``) and ``hybrid_specopd_server`` (``tests/test_serve_hybrid_gdn.py``);
+* other server fixtures are module-scoped: used by a single test module, stopped when it ends.
 """
 
 from __future__ import annotations
@@ -26,11 +31,13 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional
 
 import pytest
+
+from _servers import group_modules, lend, shared_servers_guard, start_specopd  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -381,6 +388,15 @@ def smollm2_target() -> Path:
         pytest.skip(f"SmolLM2 target not prepared ({exc})")
 
 
+@pytest.fixture(scope="session")
+def hybrid_target(smollm2_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny hybrid Gated DeltaNet target (tiny-qwen3next: Qwen3-Next architecture, SmolLM2's tokenizer, fp32,
+    seed 0; :func:`sglang_specopd.app.tiny_hybrid.build_tiny_qwen3next`)."""
+    from sglang_specopd.app.tiny_hybrid import build_tiny_qwen3next
+
+    return build_tiny_qwen3next(tmp_path_factory.mktemp("hybrid") / "tiny-qwen3next", smollm2_target, seed=0)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Tiny servers (fp32): plain reference outputs, then one SPECOPD server
 # ---------------------------------------------------------------------------------------------------------------
@@ -405,7 +421,7 @@ def tiny_launch_spec(target: Path, port: int, drafter: Optional[Path] = None):
     )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_plain_outputs(tiny_serving_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Dict[str, List[int]]:
     """Greedy output ids of a PLAIN fp32 server for :data:`TINY_PROMPTS` (the server is stopped on return)."""
     from sglang_specopd.app.launch import free_port
@@ -416,14 +432,50 @@ def tiny_plain_outputs(tiny_serving_target: Path, tmp_path_factory: pytest.TempP
 
 
 @pytest.fixture(scope="module")
-def tiny_specopd_server(tiny_plain_outputs, tiny_serving_target: Path, tiny_drafter: Path,
-                        tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """A SPECOPD fp32 server (tiny target + block-4 drafter), started after the plain reference server stopped."""
+def tiny_specopd_server(request, shared_servers_guard, tiny_plain_outputs, tiny_serving_target: Path,
+                        tiny_drafter: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A SPECOPD fp32 server (tiny target + block-4 drafter, no admin key), started after the plain reference
+    server stopped; shared (``tests/_servers.py``: test_collect, test_evaluate, test_serve_tiny)."""
     from sglang_specopd.app.launch import free_port
 
-    spec = tiny_launch_spec(tiny_serving_target, free_port(), tiny_drafter)
-    with running_server(spec, tmp_path_factory.mktemp("logs"), "tiny-specopd") as srv:
-        yield srv
+    def start(stack: contextlib.ExitStack) -> RunningServer:
+        spec = tiny_launch_spec(tiny_serving_target, free_port(), tiny_drafter)
+        return start_specopd(stack, spec, tmp_path_factory.mktemp("logs"), "tiny-specopd")
+
+    yield from lend(request, "tiny_specopd_server", start)
+
+
+# The shared admin server's key: benchmarks/fuzz_strategies.py's strategies send this one (tests/test_fuzz_routes.py).
+TINY_ADMIN_KEY = "fuzz-admin"
+TINY_ADMIN_PREFIX_CACHE_MB = 64  # the score_trees exactness tests keep reference prefixes' K/V across calls
+TINY_ADMIN_SPOOL_MB = 0.005  # a 5,242-byte live-traffic spool: a handful of tiny requests fill it (evictions)
+TINY_MAX_PAYLOAD_ENV = "SPECOPD_MAX_PAYLOAD_BYTES"
+# Above a tiny drafter's swap payload (~0.3 MB), far below the default 64 MiB, so a 413 costs little.
+TINY_MAX_PAYLOAD = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def tiny_admin_server(request, shared_servers_guard, tiny_serving_target: Path, tiny_drafter: Path,
+                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A SPECOPD fp32 server (tiny target + block-4 drafter) with :data:`TINY_ADMIN_KEY`, a score_trees prefix
+    cache, a :data:`TINY_MAX_PAYLOAD`-byte payload limit and a :data:`TINY_ADMIN_SPOOL_MB` traffic spool
+    (score_trees budget off); shared (``tests/_servers.py``) by the modules that swap drafters, train against it,
+    fuzz it, read its traffic or take the unbudgeted score_trees replies from it. ``extra["initial_info"]``:
+    ``GET /specopd/drafter`` right after start (version ``"initial"``, 0 swaps)."""
+    from sglang_specopd.app.launch import free_port
+
+    def start(stack: contextlib.ExitStack) -> RunningServer:
+        spec = replace(tiny_launch_spec(tiny_serving_target, free_port(), tiny_drafter), admin_api_key=TINY_ADMIN_KEY,
+                       prefix_cache_mb=TINY_ADMIN_PREFIX_CACHE_MB, traffic_spool_mb=TINY_ADMIN_SPOOL_MB)
+        with _env_var(TINY_MAX_PAYLOAD_ENV, str(TINY_MAX_PAYLOAD)):  # read by the HTTP process: set at launch
+            return start_specopd(stack, spec, tmp_path_factory.mktemp("logs"), "tiny-admin")
+
+    yield from lend(request, "tiny_admin_server", start)
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    """Modules that share a server run one after another (``tests/_servers.py``)."""
+    group_modules(items)
 
 
 # ---------------------------------------------------------------------------------------------------------------

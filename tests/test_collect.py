@@ -1,9 +1,9 @@
 """Response regeneration into the JSONL cache (trainer/specopd_trainer/collect.py): real tiny SPECOPD server + stub servers.
 
-The tiny SGLang server (:func:`tiny_eval_server`) is shared with ``test_evaluate.py``: it starts once, at the
-first test that needs it, and stops right after the last such test of the session, so both modules together
-pay for one server start. Failures in the middle of a run are simulated with a stub HTTP server, never by killing
-SGLang.
+The tiny SGLang server (:func:`tiny_eval_server`) is conftest's shared ``tiny_specopd_server``
+(``tests/_servers.py``): ``test_evaluate.py`` and ``test_serve_tiny.py`` use the same one, so the three modules
+together pay for one server start. Failures in the middle of a run are simulated with a stub HTTP server, never by
+killing SGLang.
 """
 
 from __future__ import annotations
@@ -17,49 +17,15 @@ from typing import Callable, Iterator, Tuple
 
 import pytest
 
-from conftest import TINY_BLOCK_SIZE, running_server
-
 # ----------------------------------------------------------------------------------------------------------------
 # Shared fixtures (imported by test_evaluate.py)
 # ----------------------------------------------------------------------------------------------------------------
 
-_SHARED: dict = {}
-SERVER_FIXTURE = "tiny_eval_server"
-
-
-def _stop_shared() -> None:
-    cm = _SHARED.pop("cm", None)
-    _SHARED.pop("server", None)
-    if cm is not None:
-        cm.__exit__(None, None, None)
-
-
-@pytest.fixture(scope="session")
-def _tiny_eval_server_guard() -> Iterator[None]:
-    """Safety net: whatever happens (-x, interrupts), the shared server is gone at the end of the session."""
-    yield
-    _stop_shared()
-
 
 @pytest.fixture
-def tiny_eval_server(request, _tiny_eval_server_guard, tiny_serving_target: Path, tiny_drafter: Path,
-                     tmp_path_factory: pytest.TempPathFactory):
-    """A SPECOPD fp32 server on the tiny target with the random block-4 drafter (started once, see module doc)."""
-    from sglang_specopd.app.launch import LaunchSpec, free_port
-
-    if "server" not in _SHARED:
-        spec = LaunchSpec(model_path=str(tiny_serving_target), port=free_port(), device="cpu", dtype="float32",
-                          attention_backend="torch_native", disable_cuda_graph=True, disable_overlap_schedule=True,
-                          sleep_on_idle=True, max_total_tokens=8192, speculative_algorithm="SPECOPD",
-                          drafter_path=str(tiny_drafter), block_size=TINY_BLOCK_SIZE)
-        cm = running_server(spec, tmp_path_factory.mktemp("logs"), "tiny-eval")
-        _SHARED["server"] = cm.__enter__()
-        _SHARED["cm"] = cm
-    yield _SHARED["server"]
-    items = request.session.items
-    later = items[items.index(request.node) + 1:] if request.node in items else []
-    if not any(SERVER_FIXTURE in getattr(it, "fixturenames", ()) for it in later):
-        _stop_shared()
+def tiny_eval_server(tiny_specopd_server):
+    """conftest's shared SPECOPD fp32 server on the tiny target with the random block-4 drafter (see module doc)."""
+    return tiny_specopd_server
 
 
 @pytest.fixture(scope="session")

@@ -1,28 +1,17 @@
-"""``specopd train draft-opd`` against a real tiny SPECOPD server with an admin key: two steps of live rollouts
-(metrics rows, hot pushes before each step and at the end, the saved drafter), a resume to a third step, and the
-admin-key refusal."""
+"""``specopd train draft-opd`` against a real tiny SPECOPD server with an admin key (conftest's shared
+``tiny_admin_server``): two steps of live rollouts (metrics rows, hot pushes before each step and at the end, the
+saved drafter), a resume to a third step, and the admin-key refusal."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 
-from conftest import TINY_BLOCK_SIZE, running_server, tiny_launch_spec
-from test_train_cli import cli, info, rows
+from conftest import TINY_ADMIN_KEY, TINY_BLOCK_SIZE
+from test_train_cli import cli, info, rows, server  # noqa: F401  (server: conftest's tiny_admin_server)
 
-ADMIN_KEY = "draft-opd-admin"
-
-
-@pytest.fixture(scope="module")
-def server(tiny_serving_target: Path, tiny_drafter: Path, tmp_path_factory):
-    from sglang_specopd.app.launch import free_port
-
-    spec = dataclasses.replace(tiny_launch_spec(tiny_serving_target, free_port(), tiny_drafter),
-                               admin_api_key=ADMIN_KEY)
-    with running_server(spec, tmp_path_factory.mktemp("logs"), "draft-opd-cli") as srv:
-        yield srv
+ADMIN_KEY = TINY_ADMIN_KEY
 
 
 def _args(url: str, run: Path, steps: int, *extra: str) -> list:

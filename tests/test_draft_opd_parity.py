@@ -3,7 +3,8 @@ recorded anchor (the drafter recomputed from the context features the same ``sco
 one Draft-OPD step trains on those blocks.
 
 One CPU SPECOPD server (tiny Llama target, fp32, torch_native) with the visibly non-trivial block-8 drafter of
-:mod:`test_trainer_parity` (weights 10x the init scale, so the argmax depends on context). Rollouts go through the
+:mod:`test_trainer_parity` (weights 10x the init scale, so the argmax depends on context): that module's server,
+shared (``parity_server``). Rollouts go through the
 Draft-OPD live source (both prompts in flight at once)."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_trainer_parity import BLOCK_SIZE, _strong_drafter
+from test_trainer_parity import BLOCK_SIZE, parity_server  # noqa: F401  (parity_server: a shared fixture)
 
 pytestmark = pytest.mark.server
 
@@ -21,11 +22,9 @@ PROMPTS = ("def add(a, b):\n    return", "Return the sum of the arguments.", "He
 NEW_TOKENS = 24
 
 
-def test_replay_reproduces_the_servers_t0_proposals(tiny_target: Path, tmp_path: Path) -> None:
+def test_replay_reproduces_the_servers_t0_proposals(parity_server, tiny_target: Path) -> None:
     from transformers import AutoTokenizer
 
-    from conftest import running_server, tiny_launch_spec
-    from sglang_specopd.app.launch import free_port
     from specopd_trainer.algorithms.draft_opd.replay import draft_opd_step, select_blocks
     from specopd_trainer.algorithms.draft_opd.rollouts import live_source
     from specopd_trainer.algorithms.sequential_opd.rollouts import (block_rows, pack_recorded_blocks,
@@ -33,14 +32,12 @@ def test_replay_reproduces_the_servers_t0_proposals(tiny_target: Path, tmp_path:
     from specopd_trainer.client import SpecOPDClient
     from specopd_trainer.drafters.dflash import DFlashDrafter
 
-    _strong_drafter(tiny_target, tmp_path / "drafter")
     tok = AutoTokenizer.from_pretrained(tiny_target)
     prompts = [tok(p)["input_ids"] for p in PROMPTS]
-    spec = tiny_launch_spec(tiny_target, free_port(), tmp_path / "drafter")
-    spec.block_size = BLOCK_SIZE
-    drafter = DFlashDrafter.from_pretrained(tmp_path / "drafter", tiny_target)
+    assert parity_server.spec.block_size == BLOCK_SIZE
+    drafter = DFlashDrafter.from_pretrained(Path(parity_server.spec.drafter_path), tiny_target)
     g, layers = drafter.block_size - 1, list(drafter.spec.target_layer_ids)
-    with running_server(spec, tmp_path, "draft-opd-parity") as server, SpecOPDClient(server.url) as client:
+    with SpecOPDClient(parity_server.url) as client:
         source = live_source(client, prompts, block_size=BLOCK_SIZE, rollout_prompts=len(prompts) * 2,
                              max_new_tokens=NEW_TOKENS, temperature=0.0, concurrency=len(prompts))
         rollouts = source(torch.Generator().manual_seed(0))

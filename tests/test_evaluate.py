@@ -1,7 +1,7 @@
 """Acceptance-length evaluation (trainer/specopd_trainer/evaluate.py, ``specopd eval acceptance``).
 
-The live test uses the tiny SPECOPD server shared with ``test_collect.py`` (one start for both modules); a plain
-server and the CLI's output files are checked against stub HTTP servers that answer like SGLang does.
+The live test uses the tiny SPECOPD server shared with ``test_collect.py`` (conftest's ``tiny_specopd_server``); a
+plain server and the CLI's output files are checked against stub HTTP servers that answer like SGLang does.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from typing import Tuple
 import pytest
 
 from test_collect import (  # noqa: F401  (fixtures shared with test_collect.py)
-    _tiny_eval_server_guard,
     make_records,
     stub_server,
     tiny_eval_server,

@@ -12,25 +12,25 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Iterator, Tuple
+from typing import Tuple
 
 import pytest
 
-from conftest import RunningServer, running_server, tiny_launch_spec
+from conftest import RunningServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import fuzz_routes as fuzz  # noqa: E402  (a script module: its dataclasses need it in sys.modules)
 
 
 @pytest.fixture(scope="module")
-def fuzz_target(tiny_serving_target: Path, tiny_drafter: Path,
-                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tuple[RunningServer, object]]:
-    """The tiny SPECOPD server (admin key, prefix cache) and the fuzz strategies' view of it."""
-    from sglang_specopd.app.launch import free_port
-
-    spec = fuzz.fuzz_launch_spec(tiny_launch_spec(tiny_serving_target, free_port(), tiny_drafter))
-    with running_server(spec, tmp_path_factory.mktemp("logs"), "fuzz-routes") as srv:
-        yield srv, fuzz.target_for(srv.url, tiny_serving_target, tiny_drafter)
+def fuzz_target(tiny_admin_server: RunningServer, tiny_serving_target: Path,
+                tiny_drafter: Path) -> Tuple[RunningServer, object]:
+    """The tiny SPECOPD server (conftest's shared ``tiny_admin_server``: the admin key the strategies send, a
+    prefix cache, as :func:`fuzz_routes.fuzz_launch_spec` asks for) and the fuzz strategies' view of it."""
+    srv = tiny_admin_server
+    wanted = fuzz.fuzz_launch_spec(srv.spec)
+    assert srv.spec.admin_api_key == wanted.admin_api_key and srv.spec.prefix_cache_mb > 0, srv.spec
+    return srv, fuzz.target_for(srv.url, tiny_serving_target, tiny_drafter)
 
 
 def test_examples_split_over_every_route() -> None:

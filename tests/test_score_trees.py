@@ -6,12 +6,12 @@ against SGLang's own ``/generate`` log-probs. Context features do not depend on 
 form equals the JSON one. Bad input gets a 4xx with a reason (also under a hypothesis fuzz) and the server
 keeps serving.
 
-The server is shared with ``test_hot_swap.py`` (one SGLang server for both modules, see :func:`shared_server`).
+The server is conftest's shared ``tiny_admin_server``, used by ``test_hot_swap.py`` and other modules too (see
+:func:`shared_server`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -23,10 +23,15 @@ import httpx
 import pytest
 import torch
 
-from conftest import TINY_PROMPTS, RunningServer, _env_var, running_server, tiny_launch_spec
+from conftest import (
+    TINY_ADMIN_KEY,
+    TINY_ADMIN_PREFIX_CACHE_MB,
+    TINY_MAX_PAYLOAD,
+    TINY_PROMPTS,
+    RunningServer,
+)
 from sglang_specopd.wire.protocol import (
     BINARY_CONTENT_TYPE,
-    DRAFTER_INFO_PATH,
     SCORE_TREES_PATH,
     ScoreTreesRequest,
     decode_tensors,
@@ -34,17 +39,15 @@ from sglang_specopd.wire.protocol import (
     request_to_binary,
 )
 
-ADMIN_KEY = "test-admin"
-MAX_PAYLOAD_ENV = "SPECOPD_MAX_PAYLOAD_BYTES"
-# Above a tiny drafter's swap payload (~0.3 MB), far below the default 64 MiB, so a 413 costs little.
-MAX_PAYLOAD = 1_000_000
+ADMIN_KEY = TINY_ADMIN_KEY
+MAX_PAYLOAD = TINY_MAX_PAYLOAD
 PROMPTS = TINY_PROMPTS[:3]
 NEW_TOKENS = 16
 TOL = 1e-4  # fp32
-PREFIX_CACHE_MB = 64  # the shared server keeps reference prefixes' K/V across calls (the exactness tests run on it)
+PREFIX_CACHE_MB = TINY_ADMIN_PREFIX_CACHE_MB  # reference prefixes' K/V kept across calls (exactness tests run on it)
 
 # ---------------------------------------------------------------------------------------------------------------
-# The shared server (one for test_score_trees.py and test_hot_swap.py)
+# The shared server (conftest's tiny_admin_server, as test_score_trees.py and test_hot_swap.py see it)
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -71,9 +74,6 @@ class Shared:
         return {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
-_SHARED: Dict[str, object] = {}
-
-
 def make_scaled_drafter(drafter: Path, out: Path, seed: int = 123) -> Path:
     """Copy of ``drafter`` with every matrix x10 and every norm vector random in [0.5, 1.5]."""
     from safetensors.torch import load_file
@@ -89,57 +89,18 @@ def make_scaled_drafter(drafter: Path, out: Path, seed: int = 123) -> Path:
     return out
 
 
-def _start_shared(target: Path, drafter: Path, tmp_path_factory) -> Shared:
-    from sglang_specopd.app.launch import free_port
-
-    cfg = json.loads((target / "config.json").read_text())
-    scaled = make_scaled_drafter(drafter, tmp_path_factory.mktemp("scaled-drafter") / "scaled")
-    spec = dataclasses.replace(tiny_launch_spec(target, free_port(), drafter), admin_api_key=ADMIN_KEY,
-                               prefix_cache_mb=PREFIX_CACHE_MB)
-    stack = contextlib.ExitStack()
-    with _env_var(MAX_PAYLOAD_ENV, str(MAX_PAYLOAD)):  # read by the HTTP process: must be set at launch
-        srv = stack.enter_context(running_server(spec, tmp_path_factory.mktemp("logs"), "specopd-score-swap"))
-    try:
-        info = httpx.get(srv.url + DRAFTER_INFO_PATH, timeout=60).json()
-        reference = {p: srv.generate(p, NEW_TOKENS)["output_ids"] for p in PROMPTS}
-    except BaseException:
-        stack.close()
-        raise
-    _SHARED["stack"] = stack
-    return Shared(srv=srv, target=target, drafter=drafter, scaled_drafter=scaled, vocab_size=int(cfg["vocab_size"]),
-                  num_layers=int(cfg["num_hidden_layers"]), hidden_size=int(cfg["hidden_size"]), initial_info=info,
-                  reference=reference)
-
-
-def _stop_shared() -> None:
-    stack = _SHARED.pop("stack", None)
-    _SHARED.pop("shared", None)
-    if stack is not None:
-        stack.close()
-
-
-def _used_later(request) -> bool:
-    """Whether a test after the current module still needs the shared server."""
-    items = request.session.items
-    prefix = request.node.nodeid + "::"
-    mine = [i for i, it in enumerate(items) if it.nodeid.startswith(prefix)]
-    if not mine:
-        return False
-    return any("shared_server" in getattr(it, "fixturenames", ()) for it in items[mine[-1] + 1:])
-
-
 @pytest.fixture(scope="module")
-def shared_server(request, tiny_serving_target: Path, tiny_drafter: Path, tmp_path_factory) -> Shared:
-    """The one SPECOPD server of test_score_trees.py and test_hot_swap.py (admin key, 1 MB payload limit).
-
-    Module-scoped in each module but started once: it lives in a module global and is stopped when the last
-    module in this session that uses it ends, so it never overlaps the servers of other test modules.
-    """
-    if "shared" not in _SHARED:
-        _SHARED["shared"] = _start_shared(tiny_serving_target, tiny_drafter, tmp_path_factory)
-    yield _SHARED["shared"]
-    if not _used_later(request):
-        _stop_shared()
+def shared_server(tiny_admin_server: RunningServer, tiny_serving_target: Path, tiny_drafter: Path,
+                  tmp_path_factory) -> Shared:
+    """The SPECOPD server of test_score_trees.py and test_hot_swap.py: conftest's shared ``tiny_admin_server``
+    (admin key, prefix cache, 1 MB payload limit; serving its start-up drafter, caches empty, when a module starts)."""
+    srv, target = tiny_admin_server, tiny_serving_target
+    cfg = json.loads((target / "config.json").read_text())
+    scaled = make_scaled_drafter(tiny_drafter, tmp_path_factory.mktemp("scaled-drafter") / "scaled")
+    reference = {p: srv.generate(p, NEW_TOKENS)["output_ids"] for p in PROMPTS}
+    return Shared(srv=srv, target=target, drafter=tiny_drafter, scaled_drafter=scaled,
+                  vocab_size=int(cfg["vocab_size"]), num_layers=int(cfg["num_hidden_layers"]),
+                  hidden_size=int(cfg["hidden_size"]), initial_info=srv.extra["initial_info"], reference=reference)
 
 
 # ---------------------------------------------------------------------------------------------------------------

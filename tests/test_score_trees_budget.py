@@ -2,8 +2,9 @@
 (413), parsing off the event loop, and the trainer client's 429 backoff.
 
 Unit tests need no server. The server tests run the tiny fp32 target twice: first with the budget off (today's
-one-forward path; its replies are the reference), then with a budget of a few tokens, so that every large
-reference runs as many pieces (prefix chunks and tree slices) and generation requests interleave with them.
+one-forward path; its replies are the reference: conftest's shared ``tiny_admin_server``), then with a budget of a
+few tokens, so that every large reference runs as many pieces (prefix chunks and tree slices) and generation
+requests interleave with them.
 """
 
 from __future__ import annotations
@@ -287,15 +288,13 @@ def _spec(target, drafter, **kw):
 
 
 @pytest.fixture(scope="module")
-def unbudgeted_replies(tiny_serving_target, tiny_drafter, tmp_path_factory):
-    """Replies of the budget-off server (stopped on return) to :func:`_exactness_requests`."""
-    from conftest import running_server
-
+def unbudgeted_replies(tiny_admin_server, tiny_serving_target):
+    """Replies of a budget-off server to :func:`_exactness_requests`: conftest's shared ``tiny_admin_server``
+    (same target and drafter, budget off, a prefix cache, emptied when this module starts)."""
+    assert tiny_admin_server.spec.score_budget_tokens == 0 and tiny_admin_server.spec.prefix_cache_mb > 0
     vocab = json.loads((tiny_serving_target / "config.json").read_text())["vocab_size"]
     reqs = _exactness_requests(vocab)
-    with running_server(_spec(tiny_serving_target, tiny_drafter, score_budget_tokens=0),
-                        tmp_path_factory.mktemp("logs"), "score-budget-off") as srv:
-        return reqs, {name: _score(srv.url, r) for name, r in reqs.items()}
+    return reqs, {name: _score(tiny_admin_server.url, r) for name, r in reqs.items()}
 
 
 @pytest.fixture(scope="module")

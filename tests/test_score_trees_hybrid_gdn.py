@@ -1,8 +1,9 @@
 """``POST /specopd/score_trees`` on the tiny hybrid Gated DeltaNet target served by SGLang on CPU (issue 21 part 3).
 
 One SPECOPD server (the tiny Qwen3-Next target of ``tests/test_serve_hybrid_gdn.py``, fp32, a random block-4
-drafter) with a prefix cache and a piece budget configured, both of which a hybrid target does not use
-(:mod:`sglang_specopd.server.score_gdn`: replies say ``prefix_cache: "off"``, references run whole):
+drafter; its shared ``hybrid_specopd_server``) with a prefix cache and a piece budget configured, both of which a
+hybrid target does not use (:mod:`sglang_specopd.server.score_gdn`: replies say ``prefix_cache: "off"``,
+references run whole):
 
 * exactness: every anchor row and tree node equals scoring ``prefix[:anchor + 1] + its branch`` as its own
   sequence through the same endpoint (GDN states replayed for that sequence alone), and SGLang's own ``/generate``
@@ -14,7 +15,6 @@ drafter) with a prefix cache and a piece budget configured, both of which a hybr
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from pathlib import Path
 from typing import List
@@ -23,9 +23,8 @@ import httpx
 import pytest
 import torch
 
-from conftest import running_server
 from test_score_trees import assert_4xx, node_paths, post_score, random_tree, score
-from test_serve_hybrid_gdn import BLOCK_SIZE, _spec, hybrid_target  # noqa: F401  (hybrid_target: a fixture)
+from test_serve_hybrid_gdn import BLOCK_SIZE, hybrid_specopd_server  # noqa: F401  (a shared fixture)
 from sglang_specopd.wire.protocol import ScoreTreesRequest
 
 pytestmark = pytest.mark.server
@@ -39,17 +38,11 @@ GREEDY_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
-def hybrid_server(hybrid_target: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: F811
-    """A SPECOPD server on the hybrid target, with a prefix cache and a 32-row piece budget configured."""
-    from sglang_specopd.app.launch import free_port
-    from sglang_specopd.wire.drafter_init import init_drafter
-
-    drafter = tmp_path_factory.mktemp("hybrid-drafter") / "drafter"
-    init_drafter(hybrid_target, drafter, block_size=BLOCK_SIZE, num_layers=1, seed=0)
-    spec = dataclasses.replace(_spec(hybrid_target, free_port(), drafter), prefix_cache_mb=16, score_budget_tokens=32)
-    with running_server(spec, tmp_path_factory.mktemp("logs"), "hybrid-score-trees") as srv:
-        srv.extra["greedy"] = _greedy(srv.url)
-        yield srv
+def hybrid_server(hybrid_specopd_server):  # noqa: F811
+    """The shared SPECOPD server on the hybrid target (a prefix cache and a 32-row piece budget configured);
+    ``extra["score_greedy"]``: its greedy output ids before this module scores anything."""
+    hybrid_specopd_server.extra["score_greedy"] = _greedy(hybrid_specopd_server.url)
+    return hybrid_specopd_server
 
 
 def _greedy(url: str) -> List[int]:
@@ -76,7 +69,7 @@ def _request(vocab: int) -> ScoreTreesRequest:
 
 
 @pytest.fixture(scope="module")
-def scored(hybrid_server, hybrid_target: Path):  # noqa: F811
+def scored(hybrid_server, hybrid_target: Path):
     """The request, its reply, every node as (reference, row, anchor row, path, single-sequence sequence) and
     the reply of the single-chain request that scores each node as its own sequence."""
     import json
@@ -133,7 +126,7 @@ def test_nodes_equal_sglang_generate_logprobs(hybrid_server, scored) -> None:
     assert worst < TOL
 
 
-def test_features_equal_transformers_hidden_states(hybrid_server, hybrid_target: Path) -> None:  # noqa: F811
+def test_features_equal_transformers_hidden_states(hybrid_server, hybrid_target: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     ids = list(range(100, 140))
@@ -173,4 +166,4 @@ def test_bad_trees_are_400_and_the_server_keeps_serving(hybrid_server) -> None:
                                               "trees": [{"anchor": 2, "branches": [[9, 10]]}]}],
                               "block_size": BLOCK_SIZE})
     # scoring neither read nor wrote the serving state: greedy output is what it was before any scoring
-    assert _greedy(hybrid_server.url) == hybrid_server.extra["greedy"]
+    assert _greedy(hybrid_server.url) == hybrid_server.extra["score_greedy"]

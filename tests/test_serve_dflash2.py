@@ -1,8 +1,9 @@
 """DFlash V2 (``DFlash2DraftModel``) served under SPECOPD on the CPU engine, on a tiny fp32 target.
 
-Two servers, one at a time: a plain one (greedy reference outputs, stopped before the next starts), then one
-SPECOPD server with a V2 drafter made by ``specopd drafter init --arch dflash2`` (``init_drafter``), its candidate
-selector and convs switched on (non-zero successor codebook and kernel projections). Checked on it:
+Two servers, one at a time: a plain one (greedy reference outputs, stopped before the next starts: conftest's
+``tiny_plain_outputs``, the same plain server and prompts as ``test_serve_tiny.py``), then one SPECOPD server
+with a V2 drafter made by ``specopd drafter init --arch dflash2`` (``init_drafter``), its candidate selector and
+convs switched on (non-zero successor codebook and kernel projections). Checked on it:
 
 * greedy output ids equal the plain server's (lossless), with acceptance > 0 (the serving target is
   ``make_accepting_target``'s), and the traces obey every invariant of ``test_serve_tiny.check_trace``;
@@ -108,14 +109,13 @@ class V2Server:
 
 
 @pytest.fixture(scope="module")
-def v2_server(tiny_serving_target: Path, tiny_drafter: Path, tmp_path_factory) -> V2Server:
-    """Plain reference outputs (that server stopped), then the SPECOPD server with the V2 drafter (admin key)."""
+def v2_server(tiny_plain_outputs, tiny_serving_target: Path, tiny_drafter: Path, tmp_path_factory) -> V2Server:
+    """Plain reference outputs (conftest's: that server stopped), then the SPECOPD server with the V2 drafter
+    (admin key)."""
     root = tmp_path_factory.mktemp("v2")
     drafter = _v2_drafter(tiny_serving_target, root / "v2", strong=False, seed=0)
     strong = _v2_drafter(tiny_serving_target, root / "v2-strong", strong=True, seed=7)
-    plain = tiny_launch_spec(tiny_serving_target, _port())
-    with running_server(plain, root, "v2-plain") as srv:
-        reference = {p: srv.generate(p, TINY_NEW_TOKENS)["output_ids"] for p in TINY_PROMPTS}
+    reference = {p: tiny_plain_outputs[p] for p in TINY_PROMPTS}
     spec = dataclasses.replace(tiny_launch_spec(tiny_serving_target, _port(), drafter), admin_api_key=ADMIN_KEY)
     with running_server(spec, root, "v2-specopd") as srv:
         yield V2Server(srv, tiny_serving_target, drafter, strong, tiny_drafter, reference)

@@ -5,13 +5,15 @@ SmolLM2's tokenizer, fp32, seed 0) is served plainly with ``--device cpu --atten
 the plugin's CPU adaptations (the GDN stand-in ops, :mod:`sglang_specopd.server.cpu.hybrid_gdn`). Greedy output ids
 must equal transformers' own greedy generation of the same checkpoint, token for token; then a SPECOPD server with
 a random block-4 DFlash drafter must reproduce the plain server's greedy outputs (chain verify with GDN state
-rollback as SGLang does it). Servers run one at a time.
+rollback as SGLang does it). The plain server lives only inside :func:`plain_responses`; the SPECOPD one is shared
+with the score_trees and trainer tests of this target (:func:`hybrid_specopd_server`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List
 
 import pytest
 
@@ -24,13 +26,7 @@ NEW_TOKENS = 24
 BLOCK_SIZE = 4
 # SGLang sizes the mamba state pool from free memory (47016 slots, 4.7 GB here); a test needs a handful.
 MAMBA_CACHE_ARGS = ["--max-mamba-cache-size", "32"]
-
-
-@pytest.fixture(scope="module")
-def hybrid_target(smollm2_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from sglang_specopd.app.tiny_hybrid import build_tiny_qwen3next
-
-    return build_tiny_qwen3next(tmp_path_factory.mktemp("hybrid") / "tiny-qwen3next", smollm2_target, seed=0)
+HYBRID_ADMIN_KEY = "hybrid-admin"
 
 
 def _prompt_ids(target: Path) -> Dict[str, List[int]]:
@@ -67,6 +63,29 @@ def _spec(target: Path, port: int, drafter: Path | None = None):
     )
 
 
+@pytest.fixture(scope="module")
+def hybrid_specopd_server(request, shared_servers_guard, hybrid_target: Path,
+                          tmp_path_factory: pytest.TempPathFactory):
+    """The SPECOPD server on the hybrid target (a random block-4, 1-layer drafter; :data:`HYBRID_ADMIN_KEY`; a
+    prefix cache and a 32-row piece budget configured, which a hybrid target does not use) of this module,
+    test_score_trees_hybrid_gdn.py and test_train_hybrid_gdn.py: one shared server (tests/_servers.py), serving its
+    start-up drafter when a module starts; ``extra["drafter"]``: that drafter's directory."""
+    from _servers import lend, start_specopd
+    from sglang_specopd.app.launch import free_port
+    from sglang_specopd.wire.drafter_init import init_drafter
+
+    def start(stack):
+        drafter = tmp_path_factory.mktemp("hybrid-drafter") / "drafter"
+        init_drafter(hybrid_target, drafter, block_size=BLOCK_SIZE, num_layers=1, seed=0)
+        spec = dataclasses.replace(_spec(hybrid_target, free_port(), drafter), admin_api_key=HYBRID_ADMIN_KEY,
+                                   prefix_cache_mb=16, score_budget_tokens=32)
+        srv = start_specopd(stack, spec, tmp_path_factory.mktemp("logs"), "hybrid-specopd")
+        srv.extra["drafter"] = drafter
+        return srv
+
+    yield from lend(request, "hybrid_specopd_server", start)
+
+
 def _generate_ids(srv, ids: List[int]) -> dict:
     params = {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
     r = srv.post("/generate", {"input_ids": ids, "sampling_params": params})
@@ -74,17 +93,13 @@ def _generate_ids(srv, ids: List[int]) -> dict:
     return r.json()
 
 
-def _serve(target: Path, log_dir: Path, name: str, drafter: Path | None = None) -> Tuple[Dict[str, dict], Path]:
-    from sglang_specopd.app.launch import free_port
-
-    ids = _prompt_ids(target)
-    with running_server(_spec(target, free_port(), drafter), log_dir, name) as srv:
-        return {p: _generate_ids(srv, ids[p]) for p in PROMPTS}, srv.log_path
-
-
 @pytest.fixture(scope="module")
 def plain_responses(hybrid_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Dict[str, dict]:
-    return _serve(hybrid_target, tmp_path_factory.mktemp("logs"), "hybrid-plain")[0]
+    from sglang_specopd.app.launch import free_port
+
+    ids = _prompt_ids(hybrid_target)
+    with running_server(_spec(hybrid_target, free_port()), tmp_path_factory.mktemp("logs"), "hybrid-plain") as srv:
+        return {p: _generate_ids(srv, ids[p]) for p in PROMPTS}
 
 
 def test_plain_greedy_equals_transformers_fp32(plain_responses, hf_outputs) -> None:
@@ -94,15 +109,10 @@ def test_plain_greedy_equals_transformers_fp32(plain_responses, hf_outputs) -> N
         assert got == hf_outputs[prompt], (prompt, got, hf_outputs[prompt])
 
 
-def test_specopd_greedy_equals_plain_fp32(plain_responses, hybrid_target: Path,
-                                          tmp_path_factory: pytest.TempPathFactory) -> None:
-    from sglang_specopd.wire.drafter_init import init_drafter
-
-    drafter = tmp_path_factory.mktemp("hybrid-drafter") / "drafter"
-    init_drafter(hybrid_target, drafter, block_size=BLOCK_SIZE, num_layers=1, seed=0)
-    responses, _ = _serve(hybrid_target, tmp_path_factory.mktemp("logs"), "hybrid-specopd", drafter)
+def test_specopd_greedy_equals_plain_fp32(plain_responses, hybrid_specopd_server, hybrid_target: Path) -> None:
+    ids = _prompt_ids(hybrid_target)
     for prompt in PROMPTS:
-        resp = responses[prompt]
+        resp = _generate_ids(hybrid_specopd_server, ids[prompt])
         assert resp["output_ids"] == plain_responses[prompt]["output_ids"], prompt
         assert resp["meta_info"]["spec_verify_ct"] >= 1, resp["meta_info"]
     # NOTE: the random drafter is never right on this target (accept length 1.0; conftest's make_accepting_target

@@ -1,9 +1,10 @@
 """Real SGLang servers on a tiny fp32 target: SPECOPD is lossless, and its acceptance traces are consistent.
 
-Two servers in all, one at a time (see conftest): a plain one whose greedy outputs are the reference, then a
-SPECOPD one (random block-4 drafter). The serving target is built so that the random drafter's guesses are
-sometimes right (``make_accepting_target``), so verify steps accept 0..3 drafts and the commit of accepted
-tokens, and the last-step truncation at ``max_new_tokens``, are really exercised.
+Two servers, one at a time (see conftest): a plain one whose greedy outputs are the reference, then a SPECOPD
+one (random block-4 drafter, no admin key; conftest's shared ``tiny_specopd_server``, which the collect / evaluate
+tests use too). The serving target is built so that the random drafter's guesses are sometimes right
+(``make_accepting_target``), so verify steps accept 0..3 drafts and the commit of accepted tokens, and the
+last-step truncation at ``max_new_tokens``, are really exercised.
 
 What the traces obey (observed, and asserted below):
 

@@ -1,42 +1,36 @@
 """Live-traffic recording on a real SGLang server (tiny fp32 target, SPECOPD, random block-4 drafter).
 
-One server, ``--admin-api-key`` and a ~5 kB traffic spool (``traffic_spool_mb`` = 0.005: a handful of tiny
-requests fill it), so a flood of 24 requests through ``/generate`` and ``/v1/chat/completions`` must evict. Checked:
-the admin key is required (401 without it or with a wrong one), the spool stays within its budget and holds the
-newest requests exactly as served (prompt length, output ids, the trace a traced request got in its reply), replies
-of requests that did not ask for a trace carry none, a client reads each item once, and purge empties the spool.
+One server (conftest's shared ``tiny_admin_server``), ``--admin-api-key`` and a ~5 kB traffic spool
+(``traffic_spool_mb`` = 0.005: a handful of tiny requests fill it), so a flood of 24 requests through
+``/generate`` and ``/v1/chat/completions`` must evict. Checked: the admin key is required (401 without it or with a
+wrong one), the spool stays within its budget and holds the newest requests exactly as served (prompt length,
+output ids, the trace a traced request got in its reply), replies of requests that did not ask for a trace carry
+none, a client reads each item once, and purge empties the spool.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
 
-from conftest import RunningServer, running_server, tiny_launch_spec
+from conftest import TINY_ADMIN_KEY, TINY_ADMIN_SPOOL_MB, RunningServer
 from sglang_specopd.wire.traffic import TRAFFIC_PATH, TRAFFIC_PURGE_PATH
 
 pytestmark = pytest.mark.server
 
-ADMIN_KEY = "traffic-admin"
-SPOOL_MB = 0.005  # 5,242 bytes
+ADMIN_KEY = TINY_ADMIN_KEY
+SPOOL_MB = TINY_ADMIN_SPOOL_MB  # 5,242 bytes
 NEW_TOKENS = 16
 TRACE_KEY = "specopd_trace"
 
 
 @pytest.fixture(scope="module")
-def traffic_server(tiny_serving_target: Path, tiny_drafter: Path,
-                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    from sglang_specopd.app.launch import free_port
-
-    spec = dataclasses.replace(tiny_launch_spec(tiny_serving_target, free_port(), tiny_drafter),
-                               admin_api_key=ADMIN_KEY, traffic_spool_mb=SPOOL_MB)
-    with running_server(spec, tmp_path_factory.mktemp("logs"), "tiny-traffic") as srv:
-        yield srv
+def traffic_server(tiny_admin_server: RunningServer) -> RunningServer:
+    """conftest's shared tiny SPECOPD server: admin key and the ~5 kB spool (serving its start-up drafter)."""
+    assert tiny_admin_server.spec.traffic_spool_mb == SPOOL_MB
+    return tiny_admin_server
 
 
 def admin_client(srv: RunningServer, key: str = ADMIN_KEY):

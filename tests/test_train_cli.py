@@ -1,15 +1,15 @@
 """``specopd train {specopd,sequential-opd}`` against a real tiny SPECOPD server with an admin key.
 
-One server for the module (tiny fp32 target, random block-4 drafter, ``--admin-api-key``). Checked: metrics rows
-and keys, cumulative supervised tokens, hot pushes every N steps and at the end (the server's version),
-resume from the run directory (one new row, cumulative counters continue, same losses as a straight run), the
-SGLang-loadable final drafter, refusals (wrong admin key -> the old drafter keeps serving; unknown loss /
-domain, missing data, unreachable server) without a traceback, and two steps of sequential-rollout OPD.
+One server (tiny fp32 target, random block-4 drafter, ``--admin-api-key``: conftest's shared
+``tiny_admin_server``, serving its start-up drafter when this module starts). Checked: metrics rows and keys,
+cumulative supervised tokens, hot pushes every N steps and at the end (the server's version), resume from the run
+directory (one new row, cumulative counters continue, same losses as a straight run), the SGLang-loadable final
+drafter, refusals (wrong admin key -> the old drafter keeps serving; unknown loss / domain, missing data,
+unreachable server) without a traceback, and two steps of sequential-rollout OPD.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -19,23 +19,19 @@ import httpx
 import pytest
 import torch
 
-from conftest import TINY_BLOCK_SIZE, running_server, tiny_launch_spec
+from conftest import TINY_ADMIN_KEY, TINY_BLOCK_SIZE
 from sglang_specopd.wire.protocol import DRAFTER_INFO_PATH
 
-ADMIN_KEY = "train-cli-admin"
+ADMIN_KEY = TINY_ADMIN_KEY
 METRIC_KEYS = {"step", "loss", "lr", "grad_norm", "wall_s", "est_tau", "alpha", "step_supervised_tokens",
                "supervised_tokens", "supervised_wall_s", "supervised_tokens_per_s"}
 SEQS, ANCHORS, BRANCHES = 2, 2, 2
 
 
 @pytest.fixture(scope="module")
-def server(tiny_serving_target: Path, tiny_drafter: Path, tmp_path_factory):
-    from sglang_specopd.app.launch import free_port
-
-    spec = dataclasses.replace(tiny_launch_spec(tiny_serving_target, free_port(), tiny_drafter),
-                               admin_api_key=ADMIN_KEY)
-    with running_server(spec, tmp_path_factory.mktemp("logs"), "train-cli") as srv:
-        yield srv
+def server(tiny_admin_server):
+    """conftest's shared tiny SPECOPD server with an admin key, serving its start-up drafter (tests/_servers.py)."""
+    return tiny_admin_server
 
 
 def cli(*args: str):

@@ -1,10 +1,10 @@
 """Parity: the trainer's DFlashDrafter proposes exactly what a live SGLang SPECOPD/DFLASH server proposes.
 
-One CPU server (tiny Llama target, fp32, torch_native) with a random drafter whose weights are 10x the init
-scale (so context, attention pattern and every layer visibly change the argmax; at the 0.02 init scale the
-residual stream is dominated by the mask-token embedding and almost every proposal is the mask token). The
-server's acceptance traces give, per verify step, the anchor position and the B-1 proposed ids; the trainer
-recomputes them from HF hidden states (index id+1) of the prefix [0, anchor) and the anchor token.
+One CPU server (tiny Llama target, fp32, torch_native; shared with test_draft_opd_parity.py) with a random drafter
+whose weights are 10x the init scale (so context, attention pattern and every layer visibly change the argmax; at
+the 0.02 init scale the residual stream is dominated by the mask-token embedding and almost every proposal is the
+mask token). The server's acceptance traces give, per verify step, the anchor position and the B-1 proposed ids;
+the trainer recomputes them from HF hidden states (index id+1) of the prefix [0, anchor) and the anchor token.
 On CPU this needs the torch_native TARGET_VERIFY adaptation to keep the draft's ENCODER_ONLY (non-causal)
 attention non-causal, as SGLang's GPU backends do; a causal draft attention is diagnosed in the failure message.
 """
@@ -35,29 +35,40 @@ def _strong_drafter(target: Path, out: Path):
 
 
 @pytest.fixture(scope="module")
-def served(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory):
+def parity_server(request, shared_servers_guard, tiny_target: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The SPECOPD server (tiny target, :func:`_strong_drafter`, block 8, no admin key) of this module and
+    test_draft_opd_parity.py: one shared server (tests/_servers.py); its drafter directory is
+    ``spec.drafter_path``."""
+    from _servers import lend, start_specopd
+    from conftest import tiny_launch_spec
+    from sglang_specopd.app.launch import free_port
+
+    def start(stack):
+        root = tmp_path_factory.mktemp("parity")
+        _strong_drafter(tiny_target, root / "drafter")
+        spec = tiny_launch_spec(tiny_target, free_port(), root / "drafter")
+        spec.block_size = BLOCK_SIZE
+        return start_specopd(stack, spec, root, "parity")
+
+    yield from lend(request, "parity_server", start)
+
+
+@pytest.fixture(scope="module")
+def served(parity_server, tiny_target: Path):
     import httpx
     from transformers import AutoTokenizer
 
-    from conftest import running_server, tiny_launch_spec
-    from sglang_specopd.app.launch import free_port
-
-    root = tmp_path_factory.mktemp("parity")
-    _strong_drafter(tiny_target, root / "drafter")
     tok = AutoTokenizer.from_pretrained(tiny_target)
-    spec = tiny_launch_spec(tiny_target, free_port(), root / "drafter")
-    spec.block_size = BLOCK_SIZE
     runs = []
-    with running_server(spec, root, "parity") as server:
-        for prompt in PROMPTS:
-            ids = tok(prompt)["input_ids"]
-            r = httpx.post(server.url + "/generate", timeout=120, json={
-                "input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True,
-                                                      "custom_params": {"specopd_trace": True}}})
-            r.raise_for_status()
-            body = r.json()
-            runs.append((ids + body["output_ids"], body["meta_info"]["specopd_trace"]))
-    return tiny_target, root / "drafter", runs
+    for prompt in PROMPTS:
+        ids = tok(prompt)["input_ids"]
+        r = httpx.post(parity_server.url + "/generate", timeout=120, json={
+            "input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True,
+                                                  "custom_params": {"specopd_trace": True}}})
+        r.raise_for_status()
+        body = r.json()
+        runs.append((ids + body["output_ids"], body["meta_info"]["specopd_trace"]))
+    return tiny_target, Path(parity_server.spec.drafter_path), runs
 
 
 def test_trainer_proposals_equal_server_proposals(served) -> None:
