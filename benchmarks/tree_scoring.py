@@ -15,9 +15,10 @@ one cold tree forward runs; ``/generate`` with ``max_new_tokens`` 1 after ``/flu
 gives ``prefill_tokens_per_s``; the cold tree call (score_trees prefix cache cleared first, so the prefix is
 computed) runs ``tree_rows / tree_s`` token-forwards/s, and ``roofline_fraction`` is their ratio. The tree call
 also computes top-k log-probs over the vocabulary for every scored row (anchors + nodes), which the prefill does
-for one row only: ``head_s`` times that LM head (fp32 matmul, logsumexp, top-k, as ``scoring.head_outputs`` does
-it) here, in this process, with the target's real head shape and the server's thread count, and
-``roofline_fraction_with_head`` = (prefill_s + head_s) / tree_s is the fraction of the roofline that includes it. The warm call (``tree_warm_s``) reuses the prefix's K/V from the
+for one row only: ``head_s`` times that LM head (the server's own ``scoring.head_outputs``: fp32 matmul,
+logsumexp, top-k) here, in this process, with the target's real head shape and the server's thread count, and
+``roofline_fraction_with_head`` = (prefill_s + head_s) / tree_s is the fraction of the roofline that includes it.
+The warm call (``tree_warm_s``) reuses the prefix's K/V from the
 score_trees prefix cache (``prefix_cache`` "hit"; hybrid GDN targets do not cache: "off"). The server scores each
 reference as one forward (``--budget 0``) unless ``--budget`` cuts it into pieces of that many rows between decode
 steps, as the serving configs do (docs/score_trees.md).
@@ -35,6 +36,8 @@ state, HV x Dv x Dk x 4: what a node holds while its depth level runs; layers ru
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
 import sys
 import time
@@ -128,11 +131,17 @@ def exactness(tensors, base, anchors, branches) -> float:
 
 
 def head_seconds(rows: int, head_dims, threads: int, repeats: int = 3) -> float:
-    """Best-of-``repeats`` seconds of the score_trees LM head on ``rows`` random fp32 hidden rows: logits =
-    h @ W^T ([rows, V]), logsumexp, top-k (``head_dims`` = (hidden, vocab); torch at ``threads`` threads)."""
+    """Best-of-``repeats`` seconds of the score_trees LM head (:func:`sglang_specopd.server.scoring.head_outputs`,
+    top-k returns, the server's own code) on ``rows`` random fp32 hidden rows (``head_dims`` = (hidden, vocab);
+    torch at ``threads`` threads)."""
     import torch
 
+    from sglang_specopd.server.scoring import head_outputs
+    from sglang_specopd.wire.protocol import ScoreTreesRequest
+
     hidden, vocab = head_dims
+    req = ScoreTreesRequest(references=[{"input_ids": [0, 1], "trees": [{"anchor": 0, "branches": [[1]]}]}],
+                            block_size=2, returns=["topk"], top_k=TOP_K)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -141,10 +150,7 @@ def head_seconds(rows: int, head_dims, threads: int, repeats: int = 3) -> float:
         best = float("inf")
         for _ in range(repeats):
             t0 = time.perf_counter()
-            logits = torch.matmul(h, w.t())
-            lse = torch.logsumexp(logits, dim=-1)
-            vals, _ = logits.topk(TOP_K, dim=-1)
-            (vals - lse[:, None]).sum().item()
+            head_outputs(h, w, req, torch.float32)
             best = min(best, time.perf_counter() - t0)
         return best
     finally:
@@ -206,7 +212,6 @@ def parse_cases(text: str):
 def hybrid_info(target_dir) -> dict:
     """For a hybrid Gated DeltaNet checkpoint: ``layer_pattern`` (e.g. "3 GDN : 1 full attention x 2"),
     ``gdn_layers`` and ``state_bytes_per_node`` (fp32 HV x Dv x Dk x 4 of one GDN layer); {} for other targets."""
-    import json
     from pathlib import Path
 
     cfg = json.loads((Path(target_dir) / "config.json").read_text())
@@ -252,9 +257,6 @@ def main(argv=None) -> int:
         "dtype": args.dtype, "target": str(target_dir), "score_trees_budget_tokens": args.budget,
         "score_trees_prefix_cache_mb": args.prefix_cache_mb})
     extra = ["--max-mamba-cache-size", str(args.mamba_slots)] if hybrid else []
-    import json
-    import os
-
     target_cfg = json.loads((target_dir / "config.json").read_text())
     head_dims = (int(target_cfg["hidden_size"]), int(target_cfg["vocab_size"]))
     threads = int(os.environ.get("SPECOPD_CPU_SERVER_THREADS") or os.environ.get("OMP_NUM_THREADS") or 1)

@@ -176,15 +176,14 @@ def head_outputs(h: torch.Tensor, head: torch.Tensor, req: ScoreTreesRequest, ou
         # per block of HEAD_ROW_BLOCK rows: the reductions read a block of logits while it is still in cache (one
         # thread on the 2-core CI machine, [912, 576] x [576, 49152]: the head took 0.96 s with whole-tensor
         # reductions, 0.87 s with 64-row ones); rows are independent, so the values are the whole-tensor ops'
-        blocks = [logits[s:s + HEAD_ROW_BLOCK] for s in range(0, logits.shape[0], HEAD_ROW_BLOCK)]
-        lse = torch.cat([torch.logsumexp(b, dim=-1) for b in blocks]) if blocks else logits.new_zeros(0)
+        blocks = logits.split(HEAD_ROW_BLOCK)  # at least one block, empty when there are no rows
+        lse = torch.cat([torch.logsumexp(b, dim=-1) for b in blocks])
         if "topk" in req.returns:
             # top-k of the logits, then minus the row's lse: the same values as top-k of the log-probs without
             # writing an [R, V] log-prob tensor when only top-k is asked for
             k = min(req.top_k, logits.shape[-1])
             tops = [b.topk(k, dim=-1) for b in blocks]
-            vals = torch.cat([t.values for t in tops]) if tops else logits.new_zeros(0, k)
-            idx = torch.cat([t.indices for t in tops]) if tops else torch.zeros(0, k, dtype=torch.long)
+            vals, idx = torch.cat([t.values for t in tops]), torch.cat([t.indices for t in tops])
             out["topk_ids"] = idx.cpu()
             out["topk_logprobs"] = (vals - lse[:, None]).to(out_dtype).cpu()
             out["lse"] = lse.cpu()

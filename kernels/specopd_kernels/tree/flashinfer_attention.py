@@ -45,7 +45,6 @@ def tree_row_mask(layout: TreeLayout, with_prefix_rows: bool = True) -> torch.Te
     nodes = torch.zeros(n, p + n, dtype=torch.bool, device=dev)
     if n:
         nodes[:, :p] = torch.arange(p, device=dev)[None, :] <= layout.node_anchor[:, None]
-        g, m = layout.group_nodes.shape
         both = layout.group_valid[:, :, None] & layout.group_valid[:, None, :] & layout.group_anc  # [G, M, M]
         gi, qi, ki = both.nonzero(as_tuple=True)
         nodes[layout.group_nodes[gi, qi], p + layout.group_nodes[gi, ki]] = True
