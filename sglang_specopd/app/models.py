@@ -67,18 +67,27 @@ KNOWN_MODELS: dict[str, PreparableModel] = {SMOLLM2.name: SMOLLM2}
 class GeneratedModel:
     """A target that ``specopd models prepare NAME`` builds deterministically from a seed (random weights), with
     the tokenizer of another prepared model (``base``); ``builder`` names a function of
-    :mod:`sglang_specopd.app.tiny_hybrid` called as ``builder(out_dir, base_dir, seed=seed)``."""
+    ``sglang_specopd.app.<module>`` (:mod:`~sglang_specopd.app.tiny_hybrid`, :mod:`~sglang_specopd.app.tiny_qsa`)
+    called as ``builder(out_dir, base_dir, seed=seed)``."""
 
     name: str
     dirname: str
     base: str
     seed: int
     builder: str
+    module: str = "tiny_hybrid"
 
 
 TINY_QWEN3NEXT = GeneratedModel(name="tiny-qwen3next", dirname="tiny-qwen3next-seed0", base=SMOLLM2.name, seed=0,
                                 builder="build_tiny_qwen3next")
-GENERATED_MODELS: dict[str, GeneratedModel] = {TINY_QWEN3NEXT.name: TINY_QWEN3NEXT}
+# Qwen4-Exp (GDN + QSA sparse attention): QSA budget 2048 (dense below 2048 tokens) and 32 (sparse from 33)
+TINY_QWEN4EXP = GeneratedModel(name="tiny-qwen4exp", dirname="tiny-qwen4exp-seed0", base=SMOLLM2.name, seed=0,
+                               builder="build_tiny_qwen4exp", module="tiny_qsa")
+TINY_QWEN4EXP_SPARSE = GeneratedModel(name="tiny-qwen4exp-sparse", dirname="tiny-qwen4exp-sparse-seed0",
+                                      base=SMOLLM2.name, seed=0, builder="build_tiny_qwen4exp_sparse",
+                                      module="tiny_qsa")
+GENERATED_MODELS: dict[str, GeneratedModel] = {m.name: m for m in (TINY_QWEN3NEXT, TINY_QWEN4EXP,
+                                                                   TINY_QWEN4EXP_SPARSE)}
 
 
 def _dirnames() -> dict[str, str]:
@@ -230,10 +239,11 @@ def prepare_model(
 
 def _build(spec: PreparableModel | GeneratedModel, wheel: Path, out: Path, dtype: str, console: Any) -> None:
     if isinstance(spec, GeneratedModel):  # ``wheel`` is the prepared base model's directory
-        from sglang_specopd.app import tiny_hybrid
+        import importlib
 
+        builders = importlib.import_module(f"sglang_specopd.app.{spec.module}")
         with console.status(f"building {spec.name} (seed {spec.seed}) ..."):
-            getattr(tiny_hybrid, spec.builder)(out, wheel, seed=spec.seed)
+            getattr(builders, spec.builder)(out, wheel, seed=spec.seed)
         _write_marker(out, spec, dtype)
         return
     from sglang_specopd.app.gguf_convert import GGUFConvertError, convert_gguf_to_hf
