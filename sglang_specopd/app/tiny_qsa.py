@@ -26,6 +26,7 @@ tensor on the serving side then changes the logits.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -110,6 +111,7 @@ def sglang_config(text_config) -> dict:
     # SGLang's Qwen3Next-derived text config reads these at the top level of the text config.
     text["rope_theta"] = text["rope_parameters"]["rope_theta"]
     text["partial_rotary_factor"] = text["rope_parameters"]["partial_rotary_factor"]
+    text["full_attention_interval"] = len(LAYER_TYPES)  # read by qwen3_5's per-layer RoPE refresh
     return {"architectures": ["Qwen4ExpForConditionalGeneration"], "model_type": "qwen4_exp",
             "language_model_only": True, "tie_word_embeddings": False, "text_config": text,
             "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2, "torch_dtype": "float32"}
@@ -180,3 +182,32 @@ def load_tiny_qwen4exp(path: Path):
     if bad:
         raise ValueError(f"{path}: checkpoint does not match its config: {bad}")
     return model.eval()
+
+
+@contextlib.contextmanager
+def served_index_precision(dtype=None):
+    """Within the block, transformers' Qwen4-Exp QSA indexer scores with its query and its compressed block keys
+    rounded to ``dtype`` after RoPE, as SGLang 0.5.23 serves them (its compressed key cache and the cast of the
+    index query are bf16 even on an fp32 server: ``qsa_indexer.py`` ``project_qk`` / ``set_qsa_compressed_k_buffer``).
+    Without this, a query whose 8th and 9th best blocks score within bf16 rounding (~0.4% relative) can select
+    another block than the served model, and everything after it differs. Default dtype: bfloat16.
+
+    The indexer is the only caller of ``apply_rotary_pos_emb`` with one tensor (the attention passes q and k), which
+    is where the rounding goes. Blocks the server completes during decode are pooled from its bf16 key ring (token
+    keys rounded before pooling); this reference pools fp32 token keys, as the server's prefill does.
+    """
+    import torch
+    from transformers.models.qwen4_exp import modeling_qwen4_exp as mq
+
+    dtype = dtype or torch.bfloat16
+    real = mq.apply_rotary_pos_emb
+
+    def rounded(q, k=None, cos=None, sin=None, unsqueeze_dim=1):
+        out = real(q, k, cos, sin, unsqueeze_dim)
+        return out.to(dtype).to(q.dtype) if k is None else out
+
+    mq.apply_rotary_pos_emb = rounded
+    try:
+        yield
+    finally:
+        mq.apply_rotary_pos_emb = real

@@ -96,6 +96,9 @@ _DFLASH_M = "sglang.srt.models.dflash"
 _DSPARK_ACCEPT = "sglang.kernels.ops.speculative.dspark.dspark_accept"
 _PLATFORM = "sglang.srt.platforms.interface"
 _HYBRID_ARCH = "sglang.srt.configs.hybrid_arch"
+_QSA_IDX = "sglang.srt.layers.attention.qsa.qsa_indexer"
+_QSA_META = "sglang.srt.layers.attention.qsa.metadata"
+_QSA_CFG = "sglang.srt.layers.attention.qsa.config"
 _WEIGHT_UPDATES = ("update_weights_from_disk", "update_weights_from_tensor", "update_weights_from_ipc",
                    "load_weights_from_distributed", "begin_weight_update")
 #: The WeightUpdater methods (every target weight update SGLang offers) the prefix cache clears itself before.
@@ -219,7 +222,7 @@ SYMBOLS: Tuple[Symbol, ...] = (
     _s("mambaish_config", _HYBRID_ARCH, "mambaish_config", R, ("model_config",), used_by="score_gdn"),
     _s("hybrid_gdn_config", _HYBRID_ARCH, "hybrid_gdn_config", R, ("model_config",), used_by="score_gdn"),
     # sparse-attention (QSA, Qwen4-Exp) layers: refused until score_trees selects their keys per tree node
-    _s("QSAIndexer", "sglang.srt.layers.attention.qsa.qsa_indexer", "QSAIndexer", R, used_by="score_gdn"),
+    _s("QSAIndexer", _QSA_IDX, "QSAIndexer", R, used_by="score_gdn"),
     # capture by a per-layer ``_is_layer_to_capture`` flag, as set_dflash_layers_to_capture sets it
     _s("Qwen3NextModel", "sglang.srt.models.qwen3_next", "Qwen3NextModel", R, used_by="score_gdn",
        attrs=("layers", "layers_to_capture", "set_dflash_layers_to_capture")),
@@ -274,6 +277,25 @@ SYMBOLS: Tuple[Symbol, ...] = (
         "top_k"), used_by="cpu.dflash2", cpu_only=True),
     _s("dflash._follow_maps", _DFLASH_M, "_follow_maps", AROUND, ("maps", "initial_indices", "edges"),
        used_by="cpu.dflash2", cpu_only=True),
+    # Qwen4-Exp (GDN + QSA) targets on the CPU engine (cpu/qwen4_exp.py, adaptation 13)
+    _s("layernorm_gated.RMSNorm.forward", "sglang.kernels.ops.attention.fla.layernorm_gated", "RMSNorm.forward",
+       AROUND, ("self", "x", "z"), used_by="cpu.qwen4_exp", cpu_only=True),
+    _s("GatedResidual.__init__", "sglang.srt.layers.hyperconnection", "GatedResidual.__init__", AROUND,
+       ("self", "config", "use_mix", "use_combine", "role"), used_by="cpu.qwen4_exp", cpu_only=True),
+    _s("QSAIndexer.forward_native", _QSA_IDX, "QSAIndexer.forward_native", AROUND,
+       used_by="cpu.qwen4_exp", cpu_only=True),
+    _s("QSAIndexer._forward_impl", _QSA_IDX, "QSAIndexer._forward_impl", R,
+       ("self", "hidden_states", "positions", "forward_batch", "indexer_metadata", "cp_global_rope_positions"),
+       used_by="cpu.qwen4_exp", cpu_only=True),
+    _s("QSAIndexer._validate_config", _QSA_IDX, "QSAIndexer._validate_config", MP, ("config",),
+       used_by="cpu.qwen4_exp", cpu_only=True),
+    _s("qsa.metadata.gather_qsa_compressed_keys", _QSA_META, "gather_qsa_compressed_keys", AROUND,
+       ("compressed", "token_slot_table", "cu_blocks", "total_blocks", "max_blocks", "compress_ratio"),
+       used_by="cpu.qwen4_exp", cpu_only=True),
+    _s("qsa.config._COMPRESSED_BLOCK_TOPK", _QSA_CFG, "_COMPRESSED_BLOCK_TOPK", MP, used_by="cpu.qwen4_exp",
+       cpu_only=True),
+    _s("parse_qsa_profile", _QSA_CFG, "parse_qsa_profile", R, ("config",), used_by="cpu.qwen4_exp",
+       cpu_only=True),
     _s("KVWriteLoc", _TN, "KVWriteLoc", R, ("loc", "swa_loc"), used_by="cpu.patches", cpu_only=True),
     _s("AttentionType", _RADIX, "AttentionType", R, attrs=("ENCODER_ONLY",), used_by="cpu.patches", cpu_only=True),
     _s("KVCache", "sglang.srt.mem_cache.memory_pool", "KVCache", R, used_by="cpu.patches", cpu_only=True,

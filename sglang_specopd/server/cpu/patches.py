@@ -160,6 +160,9 @@ def register_cpu_adaptations() -> None:
     from sglang_specopd.server.cpu.hybrid_gdn import register_hybrid_gdn_adaptations
 
     register_hybrid_gdn_adaptations()
+    from sglang_specopd.server.cpu.qwen4_exp import register_qwen4_exp_adaptations
+
+    register_qwen4_exp_adaptations()
     from sglang_specopd.server.cpu.dflash2 import register_dflash2_adaptations
 
     register_dflash2_adaptations()
