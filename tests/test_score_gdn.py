@@ -103,12 +103,13 @@ def test_other_recurrent_targets_are_refused_with_the_reason(kind: str) -> None:
         assert needle in reason, (needle, reason)
 
 
-def test_sparse_attention_targets_are_refused() -> None:
-    """A QSA indexer anywhere in the model (Qwen4-Exp) is refused, even on a config SGLang counts as hybrid GDN
-    whose GDN layers are scorable: a tree forward would select keys over the packed row and write its caches."""
+def test_sparse_attention_targets_are_scorable_and_recognised() -> None:
+    """A QSA indexer (Qwen4-Exp) no longer makes a target unscorable: its layers select per tree node
+    (server/score_qsa.py); the GDN checks still apply to the same model's linear-attention layers."""
     from sglang.srt.configs import Qwen3NextConfig
     from sglang.srt.layers.attention.qsa.qsa_indexer import QSAIndexer
     from sglang_specopd.server.score_gdn import unscorable_reason
+    from sglang_specopd.server.score_qsa import has_qsa_layers
 
     params = random_gdn_params(H, HV, DK, DV, W, seed=1)
     indexer = QSAIndexer.__new__(QSAIndexer)  # no constructor arguments needed to be recognised
@@ -116,9 +117,9 @@ def test_sparse_attention_targets_are_refused() -> None:
     attn = torch.nn.Module()
     attn.indexer = indexer
     config = _model_config(Qwen3NextConfig())
-    assert unscorable_reason(config, _model(_linear_attention(params))) == ""  # the same model without it
-    reason = unscorable_reason(config, _model(_linear_attention(params), attn))
-    assert reason.startswith("score_trees cannot score this target (sparse attention)") and "QSA indexer" in reason
+    with_qsa = _model(_linear_attention(params), attn)
+    assert unscorable_reason(config, with_qsa) == "" and has_qsa_layers(with_qsa)
+    assert not has_qsa_layers(_model(_linear_attention(params)))
 
 
 def test_http_side_refuses_an_unscorable_target_before_parsing() -> None:

@@ -10,8 +10,8 @@ prompt log-probs transformers' within 1e-4. SGLang scores the indexer on a bf16 
 even on an fp32 server; the reference does the same (:func:`sglang_specopd.app.tiny_qsa.served_index_precision`).
 Scored in fp32 instead, 'sparse-90' selects another block at one query of layer 3 (its 8th and 9th best blocks are
 0.23% apart) and its continuation differs from the fourth token on.
-``/specopd/score_trees`` refuses this target with HTTP 400 naming the QSA indexer until tree scoring selects keys
-per node (issue 23 part 3).
+``/specopd/score_trees`` scores proposal trees on it (issue 23 part 3: per-node QSA selection,
+:mod:`sglang_specopd.server.score_qsa`): every node's log-probs equal SGLang's own prefill of that node's branch.
 """
 
 from __future__ import annotations
@@ -68,26 +68,30 @@ def hf_reference(qsa_target: Path) -> Dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def served(qsa_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Dict[str, dict]:
-    """The plain server's greedy responses (with prompt log-probs) and its score_trees reply."""
+def qsa_server(qsa_target: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The plain server on the sparse QSA target (fp32, no radix cache)."""
     from sglang_specopd.app.launch import LaunchSpec, free_port
 
     spec = LaunchSpec(model_path=str(qsa_target), port=free_port(), device="cpu", dtype="float32",
                       attention_backend="torch_native", max_total_tokens=2048, disable_cuda_graph=True,
                       disable_overlap_schedule=True, sleep_on_idle=True, extra_args=list(EXTRA_ARGS))
-    out = {}
     with running_server(spec, tmp_path_factory.mktemp("logs"), "qsa-plain") as srv:
-        for name, ids in _prompts().items():
-            r = httpx.post(srv.url + "/generate", json={
-                "input_ids": ids, "return_logprob": True, "logprob_start_len": 0,
-                "sampling_params": {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}},
-                timeout=600)
-            assert r.status_code == 200, f"/generate -> {r.status_code}: {r.text[:500]}"
-            out[name] = r.json()
-        out["score_trees"] = httpx.post(srv.url + "/specopd/score_trees", json={
-            "references": [{"input_ids": _prompts()["sparse-45"], "trees": [{"anchor": 40, "branches": [[7, 8]]}]}],
-            "block_size": 4, "returns": ["logprobs"]}, timeout=120)
-    return out
+        yield srv
+
+
+def _generate(srv, ids: List[int], **extra) -> dict:
+    r = httpx.post(srv.url + "/generate", json={
+        "input_ids": ids, "return_logprob": True, "logprob_start_len": 0,
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}, **extra},
+        timeout=600)
+    assert r.status_code == 200, f"/generate -> {r.status_code}: {r.text[:500]}"
+    return r.json()
+
+
+@pytest.fixture(scope="module")
+def served(qsa_server) -> Dict[str, dict]:
+    """The plain server's greedy responses (with prompt log-probs), before any tree is scored."""
+    return {name: _generate(qsa_server, ids) for name, ids in _prompts().items()}
 
 
 @pytest.mark.parametrize("name", list(_prompts()))
@@ -101,8 +105,74 @@ def test_plain_greedy_and_prompt_logprobs_equal_transformers_fp32(served, hf_ref
     assert worst < 1e-4, (name, worst)
 
 
-def test_score_trees_refuses_a_qsa_target_with_a_reason(served) -> None:
-    r = served["score_trees"]
-    assert r.status_code == 400, (r.status_code, r.text[:500])
-    msg = r.json()["error"]["message"]
-    assert "sparse attention" in msg and "QSA indexer" in msg, msg
+def _tree_request(prefix: List[int]):
+    """Anchors below the budget (dense), just past it, and later (blocks completed inside the branches, some
+    straddling the anchor); chains and trees with siblings, paths of up to 6 tokens."""
+    from test_score_trees import random_tree
+    from sglang_specopd.wire.protocol import ScoreTreesRequest
+
+    rng = random.Random(5)
+    trees = [{"anchor": a, "branches": [[rng.randrange(5, 49152) for _ in range(rng.randint(1, 6))]
+                                        for _ in range(2)]} for a in (12, 33, 46)]
+    trees += [{"anchor": a, "tokens": t, "parents": p}
+              for a in (31, 34, 57) for t, p in [random_tree(rng, 49152, 7, max_depth=6)]]
+    return ScoreTreesRequest(references=[{"input_ids": prefix, "trees": trees}], block_size=7,
+                             returns=["logprobs"])
+
+
+def test_score_trees_nodes_equal_sglang_prefill_of_each_branch(qsa_server, served) -> None:
+    """Every node (and anchor row) of the trees vs SGLang's own prefill of prefix[:anchor+1] + the node's path
+    (its QSA indexer, metadata and pool): the top-5 log-probs at every position of every root-to-leaf branch."""
+    from test_score_trees import node_paths, score
+
+    prefix = _prompts()["sparse-90"][:60]
+    req = _tree_request(prefix)
+    tensors, header = score(qsa_server.url, req)
+    assert header["references"][0]["prefix_cache"] == "off"
+    lp = tensors["ref0.logprobs"]
+    base, worst, checked, branches = len(req.references[0].trees), 0.0, set(), 0
+    for j, tree in enumerate(req.references[0].trees):
+        toks, pars = tree.flat()
+        paths = node_paths(toks, pars)
+        leaves = set(range(len(paths))) - {par for par in pars if par >= 0}
+        for leaf in sorted(leaves):
+            path = paths[leaf]
+            # input entries from token `anchor` on (SGLang's first entry has no distribution), so entries 1.. are the
+            # distributions of the anchor row and of every node but the leaf; the leaf's is the generated token's
+            r = _generate(qsa_server, prefix[: tree.anchor + 1] + path, logprob_start_len=tree.anchor,
+                          top_logprobs_num=5, sampling_params={"temperature": 0.0, "max_new_tokens": 1})
+            tops = r["meta_info"]["input_top_logprobs"][1:] + r["meta_info"]["output_top_logprobs"][:1]
+            rows = [j] + [base + node for node in _ancestors(pars, leaf)]
+            assert len(tops) == len(rows), (len(tops), rows)
+            for row, top in zip(rows, tops):
+                for value, token, _ in top:
+                    worst = max(worst, abs(value - lp[row][token].item()))
+                checked.add(row)
+            branches += 1
+        base += len(toks)
+    print(f"QSA score_trees: {len(checked)} rows over {branches} branches, max abs top-5 log-prob difference vs "
+          f"SGLang's prefill of each branch {worst:.2e}")
+    assert branches >= 10 and worst < 1e-4
+
+
+def _ancestors(parents: List[int], node: int) -> List[int]:
+    """Root-to-node packed indices within one tree."""
+    out = []
+    while node >= 0:
+        out.append(node)
+        node = parents[node]
+    return out[::-1]
+
+
+def test_score_trees_greedy_after_scoring_unchanged(qsa_server, served) -> None:
+    """Scoring trees neither reads nor writes the QSA pool / indexer rings: serving afterwards is unchanged."""
+    again = _generate(qsa_server, _prompts()["sparse-90"])
+    assert again["output_ids"] == served["sparse-90"]["output_ids"]
+
+
+def test_score_trees_refuses_features_on_a_qsa_target(qsa_server) -> None:
+    from test_score_trees import assert_4xx, post_score
+
+    body = {"references": [{"input_ids": _prompts()["sparse-45"], "trees": [{"anchor": 40, "branches": [[7, 8]]}]}],
+            "block_size": 4, "returns": ["hidden"], "feature_layer_ids": [1]}
+    assert_4xx(post_score(qsa_server.url, body), "feature_layer_ids", "sparse attention")

@@ -248,3 +248,35 @@ def test_fuzz_tree_select_matches_reference(seed, p, ratio, kb, trees):
     sel = qsa_tree_select(iq, ik[:p], ik[p:], layout, cfg)
     assert torch.equal(sel.positions, pos) and torch.equal(sel.indices, idx)
     torch.testing.assert_close(sparse_attention_torch(q, k, k, sel.indices), out, atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------ served precision
+
+def test_rope_callable_and_score_dtype():
+    """``QSAConfig.rope`` replaces the theta formula (a served layer passes its own cos / sin cache); a callable
+    equal to the formula selects identically. ``score_dtype`` rounds the compressed keys after RoPE: the tree
+    selection still equals each branch decoded sequentially with the same rounding, and the keys are the rounded
+    fp32 ones."""
+    import dataclasses
+
+    from specopd_kernels.sparse.indexer import apply_rope, qsa_block_keys
+
+    c = make_sparse_case("random", 13, 2, 3, depth=5, seed=11)
+    calls = []
+
+    def rope(x, pos):
+        calls.append(x.shape[0])
+        return apply_rope(x, pos, c.cfg.rotary_dim, c.cfg.rope_theta, c.cfg.neox_style)
+
+    with_rope = dataclasses.replace(c.cfg, rope=rope)
+    base = qsa_tree_select(c.iq, c.ik[:13], c.ik[13:], c.layout, c.cfg)
+    via = qsa_tree_select(c.iq, c.ik[:13], c.ik[13:], c.layout, with_rope)
+    assert calls and torch.equal(base.indices, via.indices)
+    groups, first = c.ik[:12].reshape(6, 2, -1), torch.arange(6) * 2
+    bf = dataclasses.replace(c.cfg, score_dtype=torch.bfloat16)
+    keys = qsa_block_keys(groups, first, bf)
+    assert keys.dtype == torch.bfloat16 and torch.equal(keys, qsa_block_keys(groups, first, c.cfg).to(torch.bfloat16))
+    iq = c.iq.to(torch.bfloat16)
+    sel = qsa_tree_select(iq, c.ik[:13], c.ik[13:], c.layout, bf)
+    _, pos, idx = qsa_tree_naive(c.q, c.k, c.v, iq, c.ik, c.layout, bf)
+    assert torch.equal(sel.positions, pos) and torch.equal(sel.indices, idx)

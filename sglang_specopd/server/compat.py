@@ -222,7 +222,11 @@ SYMBOLS: Tuple[Symbol, ...] = (
     _s("mambaish_config", _HYBRID_ARCH, "mambaish_config", R, ("model_config",), used_by="score_gdn"),
     _s("hybrid_gdn_config", _HYBRID_ARCH, "hybrid_gdn_config", R, ("model_config",), used_by="score_gdn"),
     # sparse-attention (QSA, Qwen4-Exp) layers: refused until score_trees selects their keys per tree node
-    _s("QSAIndexer", _QSA_IDX, "QSAIndexer", R, used_by="score_gdn"),
+    _s("QSAIndexer", _QSA_IDX, "QSAIndexer", R, used_by=("score_qsa", "cpu.qwen4_exp"),
+       attrs=("project_qk", "apply_rope", "token_topk", "compress_ratio", "k_layernorm", "rotary_emb")),
+    _s("Qwen4ExpAttentionDecoderLayer._compute_qsa_topk_indices", "sglang.srt.models.qwen4_exp",
+       "Qwen4ExpAttentionDecoderLayer._compute_qsa_topk_indices", AROUND,
+       ("self", "hidden_states", "positions", "forward_batch"), used_by="score_qsa"),
     # capture by a per-layer ``_is_layer_to_capture`` flag, as set_dflash_layers_to_capture sets it
     _s("Qwen3NextModel", "sglang.srt.models.qwen3_next", "Qwen3NextModel", R, used_by="score_gdn",
        attrs=("layers", "layers_to_capture", "set_dflash_layers_to_capture")),

@@ -16,9 +16,9 @@ states A S, and one depth level of node states at a time (at most N S), freed be
 
 Targets (:func:`check_scorable`, from SGLang's hybrid-architecture table): full attention only, or hybrid GDN
 whose every linear-attention layer has the GDN form the replay computes. Others (Mamba2 / Mamba, KDA, lightning
-attention, a registry linear-attention kind, GDN layers in another form, sparse attention with a QSA indexer as in
-Qwen4-Exp) are refused with HTTP 400 naming the
-kind. On hybrid GDN targets the prefix cache is not used (replies say ``prefix_cache: "off"``) and a reference
+attention, a registry linear-attention kind, GDN layers in another form) are refused with HTTP 400 naming the kind.
+Sparse-attention (QSA) layers of Qwen4-Exp targets are scored by :mod:`sglang_specopd.server.score_qsa`.
+On hybrid GDN targets the prefix cache is not used (replies say ``prefix_cache: "off"``) and a reference
 always runs as one piece, whatever ``score_trees_budget_tokens`` is.
 """
 
@@ -76,13 +76,6 @@ def unscorable_reason(model_config, model) -> str:
     """Why score_trees cannot score the served target ("" when it can). ``model_config``: SGLang's
     ``ModelConfig``; ``model``: the served causal LM. Reads SGLang's hybrid-architecture table
     (``mambaish_config`` / ``hybrid_gdn_config``) and checks every linear-attention layer."""
-    qsa = compat.get("QSAIndexer")
-    if any(isinstance(m, qsa) for m in model.modules()):
-        # a tree forward through SGLang's QSA layers would select keys over the packed row (not per node) and
-        # write the backend's indexer caches, which serving reads: refused until the per-node selection of
-        # specopd_kernels.sparse is wired in (docs/sparse_attention.md, docs/qsa_serving_plan.md)
-        return ("score_trees cannot score this target (sparse attention): its attention layers choose their keys "
-                "with a QSA indexer, and tree scoring of sparse-attention layers is not supported yet")
     hybrid = compat.get("mambaish_config")(model_config)
     layers = gdn_layers(model)
     if hybrid is None and not layers:

@@ -40,6 +40,8 @@ from sglang_specopd.server.score_gdn import (
     has_gdn_layers,
     register_gdn_scoring,
 )
+from sglang_specopd.server.score_qsa import (QSATreeSelection, has_qsa_layers, qsa_tree_attention_layer,
+                                             register_qsa_scoring)
 from sglang_specopd.server.tree_call import TREE_CALL, TreeCall, TreeForwardBatch
 from sglang_specopd.wire.protocol import ScoreTreesError, ScoreTreesRequest, validate_request
 
@@ -66,6 +68,9 @@ def tree_attention_override(original_fn, self, q, k, v, forward_batch, *args, **
     call = TREE_CALL.get()
     if call is None or not isinstance(forward_batch, TreeForwardBatch):
         return original_fn(self, q, k, v, forward_batch, *args, **kwargs)
+    selection = kwargs.get("topk_indices")
+    if isinstance(selection, QSATreeSelection):  # a QSA layer: each row attends to its own selected keys
+        return qsa_tree_attention_layer(self, q, k, v, selection)
     from specopd_kernels.tree import get_tree_attention
 
     T = q.shape[0]
@@ -148,6 +153,10 @@ def parse_score_request(scheduler, payload: bytes) -> ScoreTreesRequest:
     """
     check_scorable(scheduler.tp_worker.model_runner)
     req = ScoreTreesRequest.model_validate_json(payload)
+    if req.feature_layer_ids and has_qsa_layers(target_model(scheduler)):
+        # SGLang's Qwen4-Exp layers do not capture DFlash features (no DFlash drafter serves this target)
+        raise ScoreTreesError("feature_layer_ids: this target (sparse attention, Qwen4-Exp) has no DFlash feature "
+                              "capture; request without features")
     cfg = scheduler.tp_worker.model_runner.model_config
     validate_request(req, vocab_size=cfg.vocab_size, num_layers=cfg.num_hidden_layers)
     context_len = getattr(cfg, "context_len", None)
@@ -285,8 +294,9 @@ def prefix_cache_op(scheduler, payload: bytes):
 
 
 def register_scoring() -> None:
-    """Register the RadixAttention and GDN overrides (inert unless a tree forward is running) and the prefix
+    """Register the RadixAttention, GDN and QSA overrides (inert unless a tree forward is running) and the prefix
     cache's invalidation on target weight updates."""
     compat.hook("RadixAttention.forward", tree_attention_override)
     register_gdn_scoring()
+    register_qsa_scoring()
     register_prefix_cache()

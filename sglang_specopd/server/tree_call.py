@@ -5,7 +5,8 @@ While :func:`sglang_specopd.server.scoring.tree_forward` runs the served target 
 is a :class:`TreeForwardBatch`; the attention hooks (full attention:
 :func:`sglang_specopd.server.scoring.tree_attention_override`; Gated DeltaNet:
 :func:`sglang_specopd.server.score_gdn.gdn_tree_override`) answer from the row itself when both are set, so
-neither SGLang's KV cache nor its mamba state pool is read or written. Outside a tree forward the ContextVar is
+neither SGLang's KV cache nor its mamba state pool is read or written (QSA layers: the index step too,
+:mod:`sglang_specopd.server.score_qsa`). Outside a tree forward the ContextVar is
 None and every hook passes straight through.
 """
 
@@ -23,6 +24,7 @@ class TreeForwardBatch:
 
     def __init__(self, num_tokens: int, device):
         self.forward_mode = compat.get("ForwardMode").EXTEND
+        self.logical_forward_mode = self.forward_mode  # read by Qwen3.5 / Qwen4-Exp GDN layers on CUDA
         self.residual_stream = None
         self.batch_size = 1
         self.num_tokens = num_tokens

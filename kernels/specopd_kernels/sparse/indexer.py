@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -36,6 +36,10 @@ class QSAConfig:
     the compressed keys (applied as ``x * (1 + w)``), None = no norm. norm_eps: its epsilon. rotary_dim: RoPE width
     on the first dims of a compressed key (0 = no RoPE); rope_theta, neox_style: as the layer's rotary embedding
     (text positions: MRoPE with equal axes reduces to this). score_scale: logit divisor, default sqrt(Di).
+    rope: optional ``rope(x [B, Di], positions int64 [B]) -> [B, Di]`` used instead of the theta formula (a served
+    layer passes its own cos / sin cache, so the keys are bit-identical to the server's). score_dtype: optional
+    dtype the compressed keys are rounded to after RoPE (SGLang stores them in its bf16 compressed key cache, even
+    on an fp32 server, and casts the index query the same way; the caller casts index_q).
     SGLang also requires ``budget // r`` in {512, 2048} (its CUDA top-k widths); any value is accepted here.
     Raises ValueError on r < 2, a budget that is not a positive multiple of r, or an odd rotary_dim.
     """
@@ -48,6 +52,8 @@ class QSAConfig:
     rope_theta: float = 10000.0
     neox_style: bool = True
     score_scale: Optional[float] = None
+    rope: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None
+    score_dtype: Optional[torch.dtype] = None
 
     def __post_init__(self):
         if self.compress_ratio < 2:
@@ -115,13 +121,17 @@ def qsa_block_keys(groups: torch.Tensor, first_positions: torch.Tensor, cfg: QSA
     groups: [B, r, Di] raw index keys of B complete blocks, any float dtype; first_positions: int [B], the logical
     position of each block's first token (b * r). SGLang: ``average_pool_qsa_keys`` (fp32 mean, back to the dtype)
     then ``normalize_compressed_keys`` (k_layernorm, RoPE at the first member's position). Returns [B, Di] in
-    groups' dtype. Raises ValueError when the group size is not compress_ratio."""
+    groups' dtype (``cfg.score_dtype`` when set). Raises ValueError when the group size is not compress_ratio."""
     if groups.dim() != 3 or groups.shape[1] != cfg.compress_ratio:
         raise ValueError(f"groups must be [B, {cfg.compress_ratio}, Di], got {tuple(groups.shape)}")
     pooled = groups.float().mean(1).to(groups.dtype)
     if cfg.k_norm_weight is not None:
         pooled = gemma_rms_norm(pooled, cfg.k_norm_weight.to(pooled.device), cfg.norm_eps)
-    return apply_rope(pooled, first_positions, cfg.rotary_dim, cfg.rope_theta, cfg.neox_style)
+    if cfg.rope is not None:
+        keys = cfg.rope(pooled, first_positions) if pooled.shape[0] else pooled
+    else:
+        keys = apply_rope(pooled, first_positions, cfg.rotary_dim, cfg.rope_theta, cfg.neox_style)
+    return keys if cfg.score_dtype is None else keys.to(cfg.score_dtype)
 
 
 def qsa_logits(index_q: torch.Tensor, block_keys: torch.Tensor, cfg: QSAConfig) -> torch.Tensor:

@@ -1,0 +1,118 @@
+"""``/specopd/score_trees`` on QSA sparse-attention layers (Qwen4-Exp: Gated DeltaNet layers plus attention layers
+whose keys an indexer selects per query; issue 23 part 3).
+
+During a tree forward (:mod:`sglang_specopd.server.tree_call`) a QSA layer must select, for every node, the keys
+sequential decoding of that node's branch ``prefix[:anchor + 1] + ancestors-or-self`` would select, and never touch
+the backend's indexer metadata or the QSA pool (its pending key ring and compressed key cache belong to the
+requests being served). So:
+
+* ``Qwen4ExpAttentionDecoderLayer._compute_qsa_topk_indices`` (AROUND hook, :func:`qsa_topk_override`) does not
+  call SGLang's indexer on a :class:`TreeForwardBatch`: it projects the row's index queries and raw index keys with
+  the layer's own ``indexer.project_qk`` (``pool=None``: nothing stored), and selects with
+  :func:`specopd_kernels.sparse.qsa_tree_select`: one selection per tree node, shared by every branch through it
+  (the branch-consistent indexer groups of docs/sparse_attention.md), with the compressed block keys built from the
+  prefix and each block's completing ancestor. It returns a :class:`QSATreeSelection` where SGLang returns its top-k
+  token indices.
+* The attention hook (:func:`sglang_specopd.server.scoring.tree_attention_override`) sees that selection in
+  ``topk_indices`` and runs sparse attention over each row's own selected keys instead of dense tree attention.
+
+Precision, as served: the compressed block keys are rounded to the served compressed-key dtype after the layer's
+own RoPE (``indexer.apply_rope``: the same cos / sin cache), and the index queries are cast to it (SGLang stores
+bf16 compressed keys and casts the index query even on an fp32 server), so each node selects what SGLang's prefill
+of ``prefix + branch`` selects. Hybrid targets score whole rows (no prefix cache, no pieces), as for GDN.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from sglang_specopd.server import compat
+from sglang_specopd.server.tree_call import TREE_CALL, TreeForwardBatch
+
+SCORE_DTYPE_DEFAULT = torch.bfloat16  # SGLang's default QSA compressed-key cache dtype
+_CONFIGS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # indexer -> QSAConfig
+
+
+class QSATreeSelection:
+    """What a QSA layer's index step returns during a tree forward: the row's
+    :class:`specopd_kernels.sparse.QSASelection` (``indices``: int64 [P+N, budget + r - 1] rows of the packed row,
+    -1 = none), read by the attention hook of the same layer."""
+
+    def __init__(self, selection):
+        self.selection = selection
+
+
+def qsa_config(indexer, score_dtype=None):
+    """The :class:`specopd_kernels.sparse.QSAConfig` of a served ``QSAIndexer`` (built once per indexer): its
+    budget and compress ratio, its ``k_layernorm`` (Gemma RMSNorm weight and epsilon), its own RoPE
+    (``indexer.apply_rope``) and ``score_dtype`` (default :data:`SCORE_DTYPE_DEFAULT`)."""
+    from specopd_kernels.sparse import QSAConfig
+
+    cfg = _CONFIGS.get(indexer)
+    if cfg is None:
+        def rope(x, positions, _indexer=weakref.proxy(indexer)):
+            return _indexer.apply_rope(positions, x[:, None, :])[:, 0, :]
+
+        cfg = QSAConfig(budget=int(indexer.token_topk), compress_ratio=int(indexer.compress_ratio),
+                        k_norm_weight=indexer.k_layernorm.weight, norm_eps=float(indexer.k_layernorm.variance_epsilon),
+                        rotary_dim=int(indexer.rotary_emb.rotary_dim), rope=rope,
+                        score_dtype=score_dtype or SCORE_DTYPE_DEFAULT)
+        _CONFIGS[indexer] = cfg
+    return cfg
+
+
+def qsa_tree_selection(layer, call, hidden_states: torch.Tensor, positions: torch.Tensor) -> QSATreeSelection:
+    """One QSA layer's selection over the tree forward's packed row.
+
+    Args:
+        layer: SGLang's ``Qwen4ExpAttentionDecoderLayer`` (its ``indexer``); call: the :class:`TreeCall`;
+        hidden_states: [P+N, H] the layer's attention input; positions: int64 [P+N] each row's position in its
+            own branch sequence.
+    Returns: :class:`QSATreeSelection`. Raises RuntimeError for a row against a cached prefix or a prefix chunk
+    (hybrid targets never run those).
+    """
+    from specopd_kernels.sparse import qsa_tree_select
+
+    if call.prefix is not None or call.grow is not None:
+        raise RuntimeError("QSA layers score whole rows only (no prefix cache hit or prefix chunk)")
+    indexer = layer.indexer
+    cfg = qsa_config(indexer)
+    index_q, index_k, _ = indexer.project_qk(hidden_states, positions, pool=None)
+    p = call.layout.prefix_len
+    sel = qsa_tree_select(index_q.to(cfg.score_dtype), index_k[:p], index_k[p:], call.layout, cfg)
+    return QSATreeSelection(sel)
+
+
+def qsa_topk_override(original_fn, self, hidden_states, positions, forward_batch, *args, **kwargs):
+    """AROUND hook for ``Qwen4ExpAttentionDecoderLayer._compute_qsa_topk_indices``: during a tree forward,
+    :func:`qsa_tree_selection` (SGLang's indexer, its metadata and its pool are not touched); otherwise SGLang's."""
+    call = TREE_CALL.get()
+    if call is None or not isinstance(forward_batch, TreeForwardBatch):
+        return original_fn(self, hidden_states, positions, forward_batch, *args, **kwargs)
+    return qsa_tree_selection(self, call, hidden_states, positions)
+
+
+def qsa_tree_attention_layer(attn, q, k, v, selection: QSATreeSelection) -> torch.Tensor:
+    """The attention of a QSA layer over the packed row: each row's softmax over its own selected keys (GQA).
+    q [T, Hq*D], k / v [T, Hkv*D] (after RoPE) as ``RadixAttention.forward`` gets them. Returns [T, Hq*Dv]."""
+    from specopd_kernels.sparse import get_sparse_attention
+
+    t = q.shape[0]
+    q = q.view(t, attn.tp_q_head_num, attn.qk_head_dim)
+    k = k.view(t, attn.tp_k_head_num, attn.qk_head_dim).to(q.dtype)
+    v = v.view(t, attn.tp_v_head_num, attn.v_head_dim).to(q.dtype)
+    out = get_sparse_attention(q.device)(q, k, v, selection.selection.indices, attn.scaling)
+    return out.reshape(t, attn.tp_q_head_num * attn.v_head_dim)
+
+
+def has_qsa_layers(model) -> bool:
+    """Whether the served model has attention layers with a QSA indexer."""
+    qsa = compat.get("QSAIndexer")
+    return any(isinstance(m, qsa) for m in model.modules())
+
+
+def register_qsa_scoring() -> None:
+    """Register the QSA tree hook (inert unless a tree forward runs through a Qwen4-Exp attention layer)."""
+    compat.hook("Qwen4ExpAttentionDecoderLayer._compute_qsa_topk_indices", qsa_topk_override)
