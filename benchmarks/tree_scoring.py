@@ -31,6 +31,13 @@ the batched baseline); the result adds ``layer_pattern`` and ``state_bytes_per_n
 state, HV x Dv x Dk x 4: what a node holds while its depth level runs; layers run one at a time):
 
     python benchmarks/tree_scoring.py --target tiny-qwen3next --out benchmarks/results/tree_scoring_gdn_cpu.json
+
+``--target tiny-qwen4exp-sparse`` scores the sparse-linear hybrid (Qwen4-Exp: GDN + QSA sparse attention, budget
+32; radix cache off, as the QSA pool requires on CPU); each case adds ``groups_per_tree`` (the QSA selections the
+tree forward computes per anchor tree: one per trie node, :func:`groups_per_tree`) beside
+``sequential_selections_per_tree`` (the rows decoding each branch would select for):
+
+    python benchmarks/tree_scoring.py --target tiny-qwen4exp-sparse --out benchmarks/results/tree_scoring_qsa_cpu.json
 """
 
 from __future__ import annotations
@@ -157,7 +164,7 @@ def head_seconds(rows: int, head_dims, threads: int, repeats: int = 3) -> float:
         torch.set_num_threads(before)
 
 
-def run_case(client, url, tok, vocab, case, refs_cache, repeats, rng, head_dims=None, threads=1):
+def run_case(client, url, tok, vocab, case, refs_cache, repeats, rng, head_dims=None, threads=1, qsa=None):
     A, K, B, P = case
     if P not in refs_cache:
         refs_cache[P] = make_reference(client, url, tok, P)
@@ -190,6 +197,8 @@ def run_case(client, url, tok, vocab, case, refs_cache, repeats, rng, head_dims=
            "max_abs_logprob_diff": max(exactness(tensors, base, anchors, branches),
                                        exactness(warm_tensors, base, anchors, branches)),
            "tree_s_all": tree_t, "tree_warm_s_all": warm_t, "per_branch_s_all": base_t, "prefill_s_all": prefill_t}
+    if qsa:
+        res["groups_per_tree"], res["sequential_selections_per_tree"] = groups_per_tree(anchors, branches, *qsa)
     if head_dims:
         res["head_s"] = head_seconds(A + tokens, head_dims, threads)
         res["roofline_fraction_with_head"] = (prefill_s + res["head_s"]) / tree_s
@@ -209,12 +218,19 @@ def parse_cases(text: str):
     return cases
 
 
-def hybrid_info(target_dir) -> dict:
-    """For a hybrid Gated DeltaNet checkpoint: ``layer_pattern`` (e.g. "3 GDN : 1 full attention x 2"),
-    ``gdn_layers`` and ``state_bytes_per_node`` (fp32 HV x Dv x Dk x 4 of one GDN layer); {} for other targets."""
+def text_config(target_dir) -> dict:
+    """The checkpoint's text config (the nested ``text_config`` of a multimodal-layout config, e.g. Qwen4-Exp)."""
     from pathlib import Path
 
     cfg = json.loads((Path(target_dir) / "config.json").read_text())
+    return cfg.get("text_config", cfg)
+
+
+def hybrid_info(target_dir) -> dict:
+    """For a hybrid Gated DeltaNet checkpoint: ``layer_pattern`` (e.g. "3 GDN : 1 full attention x 2"),
+    ``gdn_layers`` and ``state_bytes_per_node`` (fp32 HV x Dv x Dk x 4 of one GDN layer); with a QSA indexer
+    (Qwen4-Exp) also ``qsa_layers``, ``qsa_budget`` and ``qsa_compress_ratio``; {} for other targets."""
+    cfg = text_config(target_dir)
     types = cfg.get("layer_types") or []
     gdn = sum(t == "linear_attention" for t in types)
     if not gdn:
@@ -222,8 +238,29 @@ def hybrid_info(target_dir) -> dict:
     full = len(types) - gdn
     state = cfg["linear_num_value_heads"] * cfg["linear_value_head_dim"] * cfg["linear_key_head_dim"] * 4
     pattern = ",".join(t[0] for t in types)  # l = linear attention (GDN), f = full attention
-    return {"layer_pattern": f"{len(types)} layers: {gdn} GDN + {full} full attention ({pattern})",
+    info = {"layer_pattern": f"{len(types)} layers: {gdn} GDN + {full} full attention ({pattern})",
             "gdn_layers": gdn, "state_bytes_per_node": state}
+    if cfg.get("indexer_n_heads"):
+        info["layer_pattern"] = info["layer_pattern"].replace("full attention", "QSA sparse attention")
+        info.update(qsa_layers=full, qsa_budget=int(cfg["indexer_budget"]),
+                    qsa_compress_ratio=int(cfg["indexer_compress_ratio"]))
+    return info
+
+
+def groups_per_tree(anchors, branches, budget: int, ratio: int) -> tuple:
+    """(mean QSA selections the tree forward computes per anchor tree, mean rows sequential decoding of each
+    branch would select for): one selection per trie node (branches sharing leading tokens share nodes) whose
+    query sees more than ``budget // ratio`` complete blocks, plus one per depth for the rows that see fewer (they
+    take every block, so their selection depends only on (anchor, depth)); sequential: every branch's rows."""
+    kb = budget // ratio
+    groups, sequential = [], []
+    for a, brs in zip(anchors, branches):
+        trie = {tuple(br[: m + 1]) for br in brs for m in range(len(br))}
+        scored = {node for node in trie if (a + 1 + len(node)) // ratio > kb}
+        unscored_depths = {len(node) for node in trie - scored}
+        groups.append(len(scored) + len(unscored_depths))
+        sequential.append(sum(len(br) for br in brs))
+    return sum(groups) / len(groups), sum(sequential) / len(sequential)
 
 
 def main(argv=None) -> int:
@@ -257,14 +294,17 @@ def main(argv=None) -> int:
         "dtype": args.dtype, "target": str(target_dir), "score_trees_budget_tokens": args.budget,
         "score_trees_prefix_cache_mb": args.prefix_cache_mb})
     extra = ["--max-mamba-cache-size", str(args.mamba_slots)] if hybrid else []
-    target_cfg = json.loads((target_dir / "config.json").read_text())
+    qsa = (hybrid["qsa_budget"], hybrid["qsa_compress_ratio"]) if "qsa_budget" in hybrid else None
+    if qsa:  # the QSA pool needs page size 64, the mamba radix cache 1 (docs/cpu_adaptations.md, adaptation 13)
+        extra.append("--disable-radix-cache")
+    target_cfg = text_config(target_dir)
     head_dims = (int(target_cfg["hidden_size"]), int(target_cfg["vocab_size"]))
     threads = int(os.environ.get("SPECOPD_CPU_SERVER_THREADS") or os.environ.get("OMP_NUM_THREADS") or 1)
     rng = random.Random(0)
     with SGLangServer(launch_spec(cfg, port=args.port, admin_api_key=ADMIN_KEY, extra_args=extra)) as server, \
             httpx.Client(timeout=1800) as client:
         refs = {}
-        cases = [run_case(client, server.url, tok, len(tok), c, refs, args.repeats, rng, head_dims, threads)
+        cases = [run_case(client, server.url, tok, len(tok), c, refs, args.repeats, rng, head_dims, threads, qsa)
                  for c in (parse_cases(args.cases) if args.cases else CASES)]
     ok = all(c["max_abs_logprob_diff"] <= args.tolerance for c in cases)
     name = "SmolLM2-135M-Instruct" if args.target == "smollm2" else args.target
@@ -273,6 +313,7 @@ def main(argv=None) -> int:
                             "score_trees_prefix_cache_mb": args.prefix_cache_mb,
                             "min_roofline_fraction": min(c["roofline_fraction"] for c in cases),
                             "min_roofline_fraction_with_head": min(c["roofline_fraction_with_head"] for c in cases),
+                            **({"groups_per_tree": [c["groups_per_tree"] for c in cases]} if qsa else {}),
                             "server_threads": threads,
                             "exactness_tolerance": args.tolerance, "exactness_ok": ok, "cases": cases},
                  command="python " + " ".join(sys.argv))

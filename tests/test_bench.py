@@ -443,6 +443,17 @@ def test_results_summary_names_each_file_and_reads_its_numbers() -> None:
             "tokens 2.7x; 8 anchors x 4 branches on 256 tokens 1.9x; roofline fraction (cold tree token-forwards/s "
             "over a plain prefill of the same rows) 0.88-0.91; max abs log-prob difference 1.3e-05 (float32).") in gdn_text
     assert TREE_SCORING_REDO not in gdn_text  # the note is for files without a roofline measurement
+    qsa = dict(gdn, target="tiny-qwen4exp-sparse", layer_pattern="8 layers: 6 GDN + 2 QSA sparse attention",
+               qsa_budget=32, qsa_compress_ratio=4,
+               cases=[dict(c, groups_per_tree=g, sequential_selections_per_tree=28.0)
+                      for c, g in zip(gdn["cases"], (27.5, 28.0))])
+    qsa_text = "\n".join(results_summary({"tree_scoring_qsa_cpu.json": qsa}))
+    assert ("- **Tree scoring, sparse-linear hybrid (QSA-GDN) target** (`tree_scoring_qsa_cpu.json`, "
+            "tiny-qwen4exp-sparse: 8 layers: 6 GDN + 2 QSA sparse attention, QSA budget 32 in blocks of 4): one "
+            "`score_trees` forward (GDN state replay, one QSA selection per tree node) vs stock SGLang scoring every "
+            "branch, supervised tokens/s ratio: 16 anchors x 4 branches on 512 tokens 2.7x; 8 anchors x 4 branches on "
+            "256 tokens 1.9x; QSA selections per anchor tree 27.5 (sequential 28.0); 28.0 (sequential 28.0); "
+            "roofline fraction") in qsa_text and "hybrid GDN target" not in qsa_text
     new = dict(results["tree_scoring_cpu.json"], cases=[dict(c, roofline_fraction=0.9, warm_ratio=12.25,
                                                              prefix_cache="hit", roofline_fraction_with_head=0.99)
                                                         for c in results["tree_scoring_cpu.json"]["cases"]])

@@ -4,7 +4,7 @@ Opens with the results summary (:mod:`sglang_specopd.app.bench.report_summary`),
 into README.md (:mod:`sglang_specopd.app.bench.report_readme`). Reads every known result (``concurrency_*.json``,
 ``serve_smollm2_cpu.json``, ``sft_smollm2[_big]_cpu.json``, ``specopd_smollm2_cpu.json``,
 ``specopd_sweep*_smollm2_cpu.json``, ``tree_scoring_cpu.json``, ``kernels_gpu.json``; when present
-``tree_scoring_gdn_cpu.json`` and the reference-drafter files; not ``history/``)
+``tree_scoring_gdn_cpu.json``, ``tree_scoring_qsa_cpu.json`` and the reference-drafter files; not ``history/``)
 defensively: a missing file or key is skipped with a line saying so, never an exception. Every number in the
 report is read from those files; the findings about where speculative decoding wins or loses are derived from them
 (throughput ratio, tau, and the measured cost of one draft + verify step in plain decode steps, the break-even
@@ -30,7 +30,7 @@ KNOWN_FILES = ("serve_smollm2_cpu.json", "sft_smollm2_cpu.json", "sft_smollm2_bi
                "specopd_smollm2_cpu.json", "tree_scoring_cpu.json", "kernels_gpu.json")
 # read when present, no "skipped" note when absent (results of work in progress)
 OPTIONAL_FILES = ("cpu_dtype_cpu.json", "cpu_attention_smollm2_cpu.json", "reference_corpus_smollm2_cpu.json",
-                  "reference_drafter_smollm2_cpu.json", "tree_scoring_gdn_cpu.json",
+                  "reference_drafter_smollm2_cpu.json", "tree_scoring_gdn_cpu.json", "tree_scoring_qsa_cpu.json",
                   "draft_opd_live_traffic_smollm2_cpu.json")
 CONCURRENCY_GLOB = "concurrency_*.json"
 SWEEP_GLOB = "specopd_sweep*_smollm2_cpu.json"
@@ -184,7 +184,7 @@ def _other_sections(results: Mapping[str, Mapping[str, Any]]) -> List[str]:
     for name in sorted(n for n in results if n.startswith("specopd_sweep")):
         out += _sweep_section(name, results[name])
     out += _kernels_gpu_section(results.get("kernels_gpu.json"))
-    for name in ("tree_scoring_cpu.json", "tree_scoring_gdn_cpu.json"):
+    for name in ("tree_scoring_cpu.json", "tree_scoring_gdn_cpu.json", "tree_scoring_qsa_cpu.json"):
         out += _tree_scoring_section(name, results.get(name))
     return out
 

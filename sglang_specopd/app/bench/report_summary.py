@@ -123,6 +123,14 @@ def _tree_scoring(name: str, data: Mapping[str, Any]) -> List[str]:
                 f"supervised tokens/s ratio: {each}; {tail}.{note}"]
     state = data.get("state_bytes_per_node")
     state_txt = f", GDN state {int(state):,} bytes per node per GDN layer" if _num(state) else ""
+    if _num(data.get("qsa_budget")):
+        groups = "; ".join(f"{_f(c.get('groups_per_tree'), 1)} (sequential "
+                           f"{_f(c.get('sequential_selections_per_tree'), 1)})" for c in cases)
+        return [f"- **Tree scoring, sparse-linear hybrid (QSA-GDN) target** (`{name}`, {data.get('target', '?')}: "
+                f"{data.get('layer_pattern', '?')}, QSA budget {data['qsa_budget']} in blocks of "
+                f"{data.get('qsa_compress_ratio', '?')}): one `score_trees` forward (GDN state replay, one QSA "
+                f"selection per tree node) vs stock SGLang scoring every branch, supervised tokens/s ratio: {each}; "
+                f"QSA selections per anchor tree {groups}; {tail}."]
     return [f"- **Tree scoring, hybrid GDN target** (`{name}`, {data.get('target', '?')}: "
             f"{data.get('layer_pattern', '?')}{state_txt}): one `score_trees` forward (indexed state replay) vs "
             f"stock SGLang scoring every branch, supervised tokens/s ratio: {each}; {tail}."]
@@ -263,7 +271,7 @@ def results_summary(results: Mapping[str, Mapping[str, Any]], results_dir: str =
         items += _serving(name, results[name])
     if "specopd_smollm2_cpu.json" in results:
         items += _comparison("specopd_smollm2_cpu.json", results["specopd_smollm2_cpu.json"])
-    for name in ("tree_scoring_cpu.json", "tree_scoring_gdn_cpu.json"):
+    for name in ("tree_scoring_cpu.json", "tree_scoring_gdn_cpu.json", "tree_scoring_qsa_cpu.json"):
         if name in results:
             items += _tree_scoring(name, results[name])
     if "serve_smollm2_cpu.json" in results:
