@@ -296,7 +296,15 @@ def report(args) -> int:
     }
     out = RESULTS / "reference_drafter_smollm2_cpu.json"
     write_result(out, payload, command="python " + " ".join(sys.argv))
-    _plot_plateau(curve, acceptance, out.with_suffix(".png"))
+    _plot_plateau(curve, acceptance, out.with_suffix(".png"), payload["steps"])
+    return 0
+
+
+def replot(args) -> int:
+    """Redraw the plateau PNG from the committed result file (no serving, no training)."""
+    out = RESULTS / "reference_drafter_smollm2_cpu.json"
+    data = json.loads(out.read_text())
+    _plot_plateau(data["plateau"], data["acceptance"], out.with_suffix(".png"), data.get("steps"))
     return 0
 
 
@@ -368,7 +376,9 @@ def ship(args) -> int:
     return 0
 
 
-def _plot_plateau(curve: list, acceptance: dict, path: Path) -> None:
+def _plot_plateau(curve: list, acceptance: dict, path: Path, step: Optional[int] = None) -> None:
+    """Held-out walk tau per logged eval step, and the served tau (T0 / T1, 95% CI) at the drafter's ``step``
+    (default: the last logged eval step)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -380,7 +390,7 @@ def _plot_plateau(curve: list, acceptance: dict, path: Path) -> None:
     if curve:
         ax.plot([c["step"] for c in curve], [c["walk_tau"] for c in curve], marker="o", ms=3,
                 label="held-out walk tau (training sequences held out)")
-        last = curve[-1]["step"]
+        last = step or curve[-1]["step"]
         for key, color in (("T0", "C1"), ("T1", "C2")):
             a = acceptance[key]
             ax.errorbar([last], [a["mean"]], yerr=[[a["mean"] - a["ci95"][0]], [a["ci95"][1] - a["mean"]]],
@@ -435,6 +445,7 @@ def main(argv=None) -> int:
     r.add_argument("--eval-max-new-tokens", type=int, default=128)
     r.add_argument("--concurrency", type=int, default=8)
     r.add_argument("--port", type=int, default=31410)
+    sub.add_parser("replot", help="redraw the plateau plot from the committed result file")
     sh = sub.add_parser("ship", help="copy the reported SFT drafter into the package (bf16) with its record")
     sh.add_argument("--run-dir", default=str(RUN))
     sh.add_argument("--drafter", default=None, help="drafter dir (default RUN/drafter-sft)")
@@ -442,7 +453,8 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(2)
-    return {"collect": collect, "sft": sft, "report": report, "snapshot": snapshot, "ship": ship}[args.stage](args)
+    return {"collect": collect, "sft": sft, "report": report, "snapshot": snapshot, "ship": ship,
+            "replot": replot}[args.stage](args)
 
 
 if __name__ == "__main__":

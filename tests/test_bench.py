@@ -451,7 +451,8 @@ def test_results_summary_names_each_file_and_reads_its_numbers() -> None:
     assert ("- **Tree scoring, sparse-linear hybrid (QSA-GDN) target** (`tree_scoring_qsa_cpu.json`, "
             "tiny-qwen4exp-sparse: 8 layers: 6 GDN + 2 QSA sparse attention, QSA budget 32 in blocks of 4): one "
             "`score_trees` forward (GDN state replay, one QSA selection per tree node) vs stock SGLang scoring every "
-            "branch, supervised tokens/s ratio: 16 anchors x 4 branches on 512 tokens 2.7x; 8 anchors x 4 branches on "
+            "branch (its radix cache off, as QSA targets need on CPU: each branch recomputes its prefix), "
+            "supervised tokens/s ratio: 16 anchors x 4 branches on 512 tokens 2.7x; 8 anchors x 4 branches on "
             "256 tokens 1.9x; QSA selections per anchor tree 27.5 (sequential 28.0); 28.0 (sequential 28.0); "
             "roofline fraction") in qsa_text and "hybrid GDN target" not in qsa_text
     new = dict(results["tree_scoring_cpu.json"], cases=[dict(c, roofline_fraction=0.9, warm_ratio=12.25,

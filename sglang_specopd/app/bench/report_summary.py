@@ -129,7 +129,8 @@ def _tree_scoring(name: str, data: Mapping[str, Any]) -> List[str]:
         return [f"- **Tree scoring, sparse-linear hybrid (QSA-GDN) target** (`{name}`, {data.get('target', '?')}: "
                 f"{data.get('layer_pattern', '?')}, QSA budget {data['qsa_budget']} in blocks of "
                 f"{data.get('qsa_compress_ratio', '?')}): one `score_trees` forward (GDN state replay, one QSA "
-                f"selection per tree node) vs stock SGLang scoring every branch, supervised tokens/s ratio: {each}; "
+                f"selection per tree node) vs stock SGLang scoring every branch (its radix cache off, as QSA targets "
+                f"need on CPU: each branch recomputes its prefix), supervised tokens/s ratio: {each}; "
                 f"QSA selections per anchor tree {groups}; {tail}."]
     return [f"- **Tree scoring, hybrid GDN target** (`{name}`, {data.get('target', '?')}: "
             f"{data.get('layer_pattern', '?')}{state_txt}): one `score_trees` forward (indexed state replay) vs "
