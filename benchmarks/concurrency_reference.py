@@ -8,7 +8,7 @@ SGLang's per-request acceptance. This script runs it once per temperature (each 
 per temperature and level, output tokens/s of both servers and the speedup, and tau per domain and overall with
 95% bootstrap intervals over prompts (:func:`specopd_trainer.intervals.acceptance_intervals`), plus a PNG::
 
-    python benchmarks/concurrency_reference.py            # the shipped reference drafter, cpu-smollm2
+    python benchmarks/concurrency_reference.py            # the shipped reference drafter (explicitly), cpu-smollm2
     python benchmarks/concurrency_reference.py --drafter runs/reference_drafter/drafter-sft --limit 24
 """
 
@@ -56,10 +56,29 @@ def summarize(payloads: dict, domains: list) -> dict:
     return out
 
 
+def shipped_reference(config: str):
+    """The reference drafter shipped for ``config``'s target and block size (a directory as str), or None."""
+    from sglang_specopd.app.config import ServeConfig
+    from sglang_specopd.app.models import resolve_target
+    from sglang_specopd.app.reference_drafters import reference_drafter
+    from sglang_specopd.app.serve import config_path
+
+    cfg = ServeConfig.load(config_path(config))
+    found = reference_drafter(resolve_target(cfg.target), cfg.block_size or 8)
+    if found is None:
+        return None
+    try:  # repo-relative in the result file when it lies under the working directory
+        return str(found.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(found)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="cpu-smollm2")
-    ap.add_argument("--drafter", default=None, help="drafter dir (default: the config's, i.e. the shipped reference)")
+    ap.add_argument("--drafter", default=None, help="drafter dir (default: the reference drafter shipped for the "
+                                                    "config's target; `bench serve` alone would prefer the SFT "
+                                                    "drafter `specopd main` trained)")
     ap.add_argument("--concurrency", default="1,2,4,8")
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--limit", type=int, default=MIN_PROMPTS, help="held-out prompts per domain")
@@ -67,6 +86,11 @@ def main(argv=None) -> int:
     ap.add_argument("--run-dir", default="runs/concurrency_reference")
     ap.add_argument("--out", default=str(RESULT))
     args = ap.parse_args(argv)
+    if args.drafter is None:
+        args.drafter = shipped_reference(args.config)
+        if args.drafter is None:
+            print(f"error: no reference drafter ships for {args.config}'s target; pass --drafter", file=sys.stderr)
+            return 2
     run = Path(args.run_dir)
     run.mkdir(parents=True, exist_ok=True)
     payloads = {}
@@ -88,7 +112,7 @@ def main(argv=None) -> int:
     from sglang_specopd.app.results import write_result
 
     payload = {
-        "server_config": args.config, "drafter": args.drafter or f"the config's ({args.config}: drafter default)",
+        "server_config": args.config, "drafter": args.drafter,
         "domains": DOMAINS, "limit_per_domain": args.limit, "max_new_tokens": args.max_new_tokens,
         "counts_as_result": args.limit >= MIN_PROMPTS, "target": first.get("target"),
         "temperatures": summarize(payloads, DOMAINS),
