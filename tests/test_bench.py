@@ -443,6 +443,14 @@ def test_results_summary_names_each_file_and_reads_its_numbers() -> None:
             "tokens 2.7x; 8 anchors x 4 branches on 256 tokens 1.9x; roofline fraction (cold tree token-forwards/s "
             "over a plain prefill of the same rows) 0.88-0.91; max abs log-prob difference 1.3e-05 (float32).") in gdn_text
     assert TREE_SCORING_REDO not in gdn_text  # the note is for files without a roofline measurement
+    ref = {"limit_per_domain": 24, "max_new_tokens": 64, "drafter": "assets/d",
+           "temperatures": {"T0": [{"concurrency": 1, "speedup": 0.647, "acceptance": {"mean": 1.6834,
+                                                                                  "ci95": [1.62, 1.75]}},
+                                   {"concurrency": 2, "speedup": 0.797, "acceptance": {"mean": 1.68}}]}}
+    ref_text = "\n".join(results_summary({"concurrency_reference_smollm2_cpu.json": ref}))
+    assert ("- **Serving with the reference drafter** (`concurrency_reference_smollm2_cpu.json`, 24 held-out prompts "
+            "per domain, 64 new tokens, drafter `assets/d`): speculative vs plain serving output tokens/s, T0: 0.65x / "
+            "0.80x at concurrency 1 / 2, tau 1.683 [1.620, 1.750].") in ref_text
     qsa = dict(gdn, target="tiny-qwen4exp-sparse", layer_pattern="8 layers: 6 GDN + 2 QSA sparse attention",
                qsa_budget=32, qsa_compress_ratio=4,
                cases=[dict(c, groups_per_tree=g, sequential_selections_per_tree=28.0)

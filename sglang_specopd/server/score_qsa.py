@@ -33,6 +33,7 @@ from sglang_specopd.server.tree_call import TREE_CALL, TreeForwardBatch
 
 SCORE_DTYPE_DEFAULT = torch.bfloat16  # SGLang's default QSA compressed-key cache dtype
 _CONFIGS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # indexer -> QSAConfig
+_HAS_QSA: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> whether it has QSA layers
 
 
 class QSATreeSelection:
@@ -108,9 +109,11 @@ def qsa_tree_attention_layer(attn, q, k, v, selection: QSATreeSelection) -> torc
 
 
 def has_qsa_layers(model) -> bool:
-    """Whether the served model has attention layers with a QSA indexer."""
-    qsa = compat.get("QSAIndexer")
-    return any(isinstance(m, qsa) for m in model.modules())
+    """Whether the served model has attention layers with a QSA indexer (decided once per model)."""
+    if model not in _HAS_QSA:
+        qsa = compat.get("QSAIndexer")
+        _HAS_QSA[model] = any(isinstance(m, qsa) for m in model.modules())
+    return _HAS_QSA[model]
 
 
 def register_qsa_scoring() -> None:

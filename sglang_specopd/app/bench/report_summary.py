@@ -61,6 +61,8 @@ def _span(values: Iterable[Any], digits: int = 1, suffix: str = "x") -> str:
 
 
 def _serving(name: str, data: Mapping[str, Any]) -> List[str]:
+    if isinstance(data.get("temperatures"), Mapping):
+        return _serving_reference(name, data)
     levels = [lv for lv in data.get("levels") or [] if _num(_get(lv, "speedup", "output_tokens_per_s"))]
     if not levels:
         return []
@@ -70,6 +72,27 @@ def _serving(name: str, data: Mapping[str, Any]) -> List[str]:
     return [f"- **Serving speed-up** (`{name}`): SpecOPD vs plain serving output tokens/s {speed} at concurrency "
             f"{conc} (T={data.get('temperature', '?')}); tau {tau}"
             f" with drafter `{_get(data, 'servers', 'specopd', 'drafter') or '?'}`."]
+
+
+def _serving_reference(name: str, data: Mapping[str, Any]) -> List[str]:
+    """``benchmarks/concurrency_reference.py``'s file: per temperature, the speedup over plain serving at each
+    concurrency level and tau (mean of the domains, 95% interval) at the first level."""
+    parts = []
+    for key, levels in data["temperatures"].items():
+        levels = [lv for lv in levels if isinstance(lv, Mapping) and _num(lv.get("speedup"))]
+        if not levels:
+            continue
+        speed = " / ".join(_f(lv["speedup"]) + "x" for lv in levels)
+        conc = " / ".join(str(lv.get("concurrency", "?")) for lv in levels)
+        acc = levels[0].get("acceptance") or {}
+        ci = acc.get("ci95") or [None, None]
+        parts.append(f"{key}: {speed} at concurrency {conc}, tau {_f(acc.get('mean'), 3)} "
+                     f"[{_f(ci[0], 3)}, {_f(ci[1], 3)}]")
+    if not parts:
+        return []
+    return [f"- **Serving with the reference drafter** (`{name}`, {data.get('limit_per_domain', '?')} held-out "
+            f"prompts per domain, {data.get('max_new_tokens', '?')} new tokens, drafter `{data.get('drafter', '?')}`): "
+            f"speculative vs plain serving output tokens/s, {'; '.join(parts)}."]
 
 
 def _comparison(name: str, data: Mapping[str, Any]) -> List[str]:
