@@ -58,6 +58,25 @@ def tiny_qwen3next_config(num_hidden_layers: int = 8, vocab_size: int = 49152):
     return config
 
 
+def tokenizer_source(tokenizer_dir: Path) -> Path:
+    """``tokenizer_dir`` as a Path, checked to hold ``tokenizer.json``. Raises FileNotFoundError otherwise."""
+    tokenizer_dir = Path(tokenizer_dir)
+    if not (tokenizer_dir / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"no tokenizer.json in {tokenizer_dir}")
+    return tokenizer_dir
+
+
+def finish_checkpoint(out: Path, tokenizer_dir: Path) -> None:
+    """Write the tiny targets' generation_config.json (SmolLM2's bos 1 / eos 2, greedy) and copy the tokenizer
+    files of ``tokenizer_dir`` into the checkpoint directory ``out``."""
+    from transformers import GenerationConfig
+
+    GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=2, do_sample=False).save_pretrained(out)
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            shutil.copy2(tokenizer_dir / name, out / name)
+
+
 def build_tiny_qwen3next(out: Path, tokenizer_dir: Path, *, seed: int = 0, num_hidden_layers: int = 8) -> Path:
     """Write the tiny hybrid target (config.json, model.safetensors, generation_config.json, tokenizer) to ``out``.
 
@@ -74,19 +93,14 @@ def build_tiny_qwen3next(out: Path, tokenizer_dir: Path, *, seed: int = 0, num_h
         ValueError: bad ``num_hidden_layers``.
     """
     import torch
-    from transformers import GenerationConfig, Qwen3NextForCausalLM
+    from transformers import Qwen3NextForCausalLM
 
-    tokenizer_dir = Path(tokenizer_dir)
-    if not (tokenizer_dir / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"no tokenizer.json in {tokenizer_dir}")
+    tokenizer_dir = tokenizer_source(tokenizer_dir)
     config = tiny_qwen3next_config(num_hidden_layers)
     torch.manual_seed(seed)
     model = Qwen3NextForCausalLM(config).to(torch.float32).eval()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
-    GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=2, do_sample=False).save_pretrained(out)
-    for name in TOKENIZER_FILES:
-        if (tokenizer_dir / name).is_file():
-            shutil.copy2(tokenizer_dir / name, out / name)
+    finish_checkpoint(out, tokenizer_dir)
     return out

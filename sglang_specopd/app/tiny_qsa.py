@@ -28,10 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 from pathlib import Path
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 # Three GDN layers per (QSA) attention layer. "full_attention" is what released checkpoints write; transformers maps
 # it to "indexed_attention" and SGLang to its attention layer with an indexer when ``indexer_n_heads`` is set.
 LAYER_TYPES = ("linear_attention",) * 3 + ("full_attention",)
@@ -134,21 +132,16 @@ def build_tiny_qwen4exp(out: Path, tokenizer_dir: Path, *, seed: int = 0, budget
         FileNotFoundError: ``tokenizer_dir`` lacks ``tokenizer.json``.
         ValueError: bad ``num_hidden_layers`` or ``budget``.
     """
-    from transformers import GenerationConfig
+    from sglang_specopd.app.tiny_hybrid import finish_checkpoint, tokenizer_source
 
-    tokenizer_dir = Path(tokenizer_dir)
-    if not (tokenizer_dir / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"no tokenizer.json in {tokenizer_dir}")
+    tokenizer_dir = tokenizer_source(tokenizer_dir)
     config = tiny_qwen4exp_config(budget, num_hidden_layers)
     model = make_tiny_qwen4exp(config, seed)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     (out / "config.json").write_text(json.dumps(sglang_config(config), indent=2, sort_keys=True) + "\n")
-    GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=2, do_sample=False).save_pretrained(out)
-    for name in TOKENIZER_FILES:
-        if (tokenizer_dir / name).is_file():
-            shutil.copy2(tokenizer_dir / name, out / name)
+    finish_checkpoint(out, tokenizer_dir)
     return out
 
 

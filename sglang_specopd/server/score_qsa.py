@@ -95,17 +95,12 @@ def qsa_topk_override(original_fn, self, hidden_states, positions, forward_batch
     return qsa_tree_selection(self, call, hidden_states, positions)
 
 
-def qsa_tree_attention_layer(attn, q, k, v, selection: QSATreeSelection) -> torch.Tensor:
+def qsa_tree_attention(q, k, v, selection: QSATreeSelection, scale: float) -> torch.Tensor:
     """The attention of a QSA layer over the packed row: each row's softmax over its own selected keys (GQA).
-    q [T, Hq*D], k / v [T, Hkv*D] (after RoPE) as ``RadixAttention.forward`` gets them. Returns [T, Hq*Dv]."""
+    q [T, Hq, D], k / v [T, Hkv, D] (after RoPE, q's dtype). Returns [T, Hq, Dv]."""
     from specopd_kernels.sparse import get_sparse_attention
 
-    t = q.shape[0]
-    q = q.view(t, attn.tp_q_head_num, attn.qk_head_dim)
-    k = k.view(t, attn.tp_k_head_num, attn.qk_head_dim).to(q.dtype)
-    v = v.view(t, attn.tp_v_head_num, attn.v_head_dim).to(q.dtype)
-    out = get_sparse_attention(q.device)(q, k, v, selection.selection.indices, attn.scaling)
-    return out.reshape(t, attn.tp_q_head_num * attn.v_head_dim)
+    return get_sparse_attention(q.device)(q, k, v, selection.selection.indices, scale)
 
 
 def has_qsa_layers(model) -> bool:

@@ -40,8 +40,7 @@ from sglang_specopd.server.score_gdn import (
     has_gdn_layers,
     register_gdn_scoring,
 )
-from sglang_specopd.server.score_qsa import (QSATreeSelection, has_qsa_layers, qsa_tree_attention_layer,
-                                             register_qsa_scoring)
+from sglang_specopd.server.score_qsa import QSATreeSelection, has_qsa_layers, qsa_tree_attention, register_qsa_scoring
 from sglang_specopd.server.tree_call import TREE_CALL, TreeCall, TreeForwardBatch
 from sglang_specopd.wire.protocol import ScoreTreesError, ScoreTreesRequest, validate_request
 
@@ -68,15 +67,16 @@ def tree_attention_override(original_fn, self, q, k, v, forward_batch, *args, **
     call = TREE_CALL.get()
     if call is None or not isinstance(forward_batch, TreeForwardBatch):
         return original_fn(self, q, k, v, forward_batch, *args, **kwargs)
-    selection = kwargs.get("topk_indices")
-    if isinstance(selection, QSATreeSelection):  # a QSA layer: each row attends to its own selected keys
-        return qsa_tree_attention_layer(self, q, k, v, selection)
     from specopd_kernels.tree import get_tree_attention
 
     T = q.shape[0]
     q = q.view(T, self.tp_q_head_num, self.qk_head_dim)
     k = k.view(T, self.tp_k_head_num, self.qk_head_dim).to(q.dtype)
     v = v.view(T, self.tp_v_head_num, self.v_head_dim).to(q.dtype)
+    selection = kwargs.get("topk_indices")
+    if isinstance(selection, QSATreeSelection):  # a QSA layer: each row attends to its own selected keys
+        out = qsa_tree_attention(q, k, v, selection, self.scaling)
+        return out.reshape(T, self.tp_q_head_num * self.v_head_dim)
     prefix_kv = None if call.prefix is None else call.prefix.kv[self.layer_id]
     if call.grow is not None:
         prefix_kv = _grow_prefix(call.grow, self.layer_id, k, v)

@@ -18,6 +18,8 @@ sgl-kernel is not installed); this module holds the adaptations that are hooks o
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 
@@ -42,17 +44,19 @@ def gdn_init_on_cpu(original_fn, self, *args, **kwargs):
         torch.get_device_module = real
 
 
-def rms_norm_gated(x: torch.Tensor, gate: torch.Tensor, weight, eps: float, activation: str) -> torch.Tensor:
+def rms_norm_gated(x: torch.Tensor, gate: Optional[torch.Tensor], weight, eps: float, activation: str) -> torch.Tensor:
     """Gated RMSNorm of the GDN output (fla ``layer_norm_gated_fwd`` with ``is_rms_norm=True``; HF
     ``Qwen3NextRMSNormGated``): ``y = x / sqrt(mean(x^2) + eps) * weight * act(gate)``, act = ``x * sigmoid(x)``
     for swish/silu or ``sigmoid`` for sigmoid, fp32 math.
 
-    x, gate: [..., D] (same shape); weight: [D] or None. Returns [..., D] in x's dtype.
-    Raises ValueError for another activation."""
+    x, gate: [..., D] (same shape; gate None: the plain weighted RMSNorm); weight: [D] or None. Returns [..., D]
+    in x's dtype. Raises ValueError for another activation."""
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     if weight is not None:
         y = y * weight.float()
+    if gate is None:
+        return y.to(x.dtype)
     gf = gate.float()
     if activation in ("swish", "silu"):
         y = y * gf * torch.sigmoid(gf)

@@ -28,20 +28,11 @@ import torch
 from sglang_specopd.server.cpu.hybrid_gdn import rms_norm_gated
 
 
-def rms_norm(x: torch.Tensor, weight, eps: float) -> torch.Tensor:
-    """``x / sqrt(mean(x^2) + eps) * weight``, fp32 math, in x's dtype. x: [..., D]; weight: [D] or None."""
-    xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (y if weight is None else y * weight.float()).to(x.dtype)
-
-
 def layernorm_gated_rmsnorm_forward(original_fn, self, x, z=None):
     """AROUND hook for ``layernorm_gated.RMSNorm.forward``: torch for CPU tensors in the configuration Qwen3.5 /
     Qwen4-Exp build (one group, norm before the gate, no bias); anything else goes to SGLang's kernel."""
     if x.device.type != "cpu" or self.group_size is not None or not self.norm_before_gate or self.bias is not None:
         return original_fn(self, x, z)
-    if z is None:
-        return rms_norm(x, self.weight, self.eps)
     return rms_norm_gated(x, z, self.weight, self.eps, self.activation)
 
 
