@@ -10,7 +10,7 @@ from sglang_specopd.server.cpu.batched_attention import (
     batched_verify_attention,
     padded_groups,
 )
-from sglang_specopd.server.cpu.fused_decode import extension, fused_decode_attention
+from sglang_specopd.server.cpu.fused_decode import extension, fused_decode_attention, fused_verify_attention
 
 
 def _pool(bs, lens, hkv, d, dtype, seed):
@@ -62,9 +62,12 @@ def test_decode_matches_per_request_loop(lens, hq, hkv, d, fused, monkeypatch) -
     torch.testing.assert_close(got, ref, atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("fused", ["1", "0"])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("pre,block", [([0, 5, 40], 4), ([100, 3, 3, 250], 8), ([17], 1)])
-def test_verify_matches_per_request_loop(pre, block, causal) -> None:
+def test_verify_matches_per_request_loop(pre, block, causal, fused, monkeypatch) -> None:
+    """Both float32 paths: the fused C++ kernel (fused_decode.fused_verify_attention) and the batched torch one."""
+    monkeypatch.setenv("SPECOPD_CPU_FUSED_DECODE", fused)
     bs, hq, hkv, d = len(pre), 9, 3, 64
     lens = [p + block for p in pre]
     k_cache, v_cache, r2t, rows = _pool(bs, lens, hkv, d, torch.float32, seed=7 + block)
@@ -116,6 +119,7 @@ def test_switch_off_runs_one_request_per_call(monkeypatch) -> None:
     lens = [p + block for p in pre]
     k_cache, v_cache, r2t, rows = _pool(3, lens, 2, 8, torch.float32, seed=11)
     q = torch.randn(9, 4, 8)
+    monkeypatch.setenv("SPECOPD_CPU_FUSED_DECODE", "0")  # the batched torch path (the fused kernel has no groups)
     monkeypatch.setattr(ba, "_attend", counting)
     on = ba.batched_verify_attention(q, k_cache, v_cache, r2t, rows, torch.tensor(pre), block, True, None, True,
                                      torch.empty(9, 4, 8))
@@ -150,6 +154,24 @@ def test_fused_decode_reads_strided_queries_and_both_index_dtypes(index_dtype) -
                 True, False)
     torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
     assert torch.equal(k_cache, k_before)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_fused_verify_reads_strided_queries_and_int64_slots(causal) -> None:
+    """The verify block through the fused kernel itself (not the torch fallback): q a strided view, int64
+    req_to_token, prefixes of 0 and past 100 tokens; equal to SGLang's per-request loop."""
+    if extension() is None:
+        pytest.fail("the fused decode extension did not build (a C++ compiler is part of the install)")
+    pre, block, hq, hkv, d = [0, 131, 7], 5, 9, 3, 64
+    lens = [p + block for p in pre]
+    k_cache, v_cache, r2t, rows = _pool(3, lens, hkv, d, torch.float32, seed=13)
+    wide = torch.randn(3 * block, 2 * hq * d, generator=torch.Generator().manual_seed(6))
+    q = wide[:, : hq * d].view(3 * block, hq, d)
+    out = torch.full((3 * block, hq, d), float("nan"))
+    assert fused_verify_attention(q, k_cache, v_cache, r2t.long(), rows, torch.tensor(pre), block, causal, None, out)
+    q_rows = [q[b * block:(b + 1) * block] for b in range(3)]
+    ref = _loop(q_rows, k_cache, v_cache, r2t, rows, lens, [p + torch.arange(block) for p in pre], None, True, causal)
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
 
 
 def test_fused_decode_declines_what_it_does_not_handle(monkeypatch) -> None:

@@ -26,7 +26,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from .fused_decode import fused_decode_attention
+from .fused_decode import fused_decode_attention, fused_verify_attention
 
 ENV_SWITCH = "SPECOPD_CPU_BATCHED_ATTENTION"
 
@@ -157,7 +157,11 @@ def batched_verify_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache
     ``prefix_b + j``; its KV is the first ``prefix_b + block`` slots of its ``req_to_token`` row. ``causal``: query
     ``j`` sees keys ``0 .. prefix_b + j`` (the target's chain verify); otherwise the whole prefix + block (DFlash's
     ENCODER_ONLY draft layers). ``out`` [bs*block, H_q, D_v] is written in place and returned.
+    Float32 tensors go to the fused C++ kernel (:func:`.fused_decode.fused_verify_attention`) where it builds.
     """
+    if fused_verify_attention(query, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens, block, causal,
+                              scaling, out):
+        return out
     pre = prefix_lens.tolist()
     lens = [int(p) + block for p in pre]
     hq, d = query.shape[1], query.shape[2]

@@ -1,4 +1,4 @@
-"""Fused decode attention for the CPU engine: reads each request's K/V rows in place through ``req_to_token``.
+"""Fused decode and verify attention for the CPU engine: reads each request's K/V rows in place through ``req_to_token``.
 
 :func:`sglang_specopd.server.cpu.batched_attention.batched_decode_attention` gathers every request's K/V into a
 padded tensor (``index_select``), transposes it per head and runs two float32 matmuls: at 48 requests x ~400
@@ -10,7 +10,8 @@ walks its token slots once for the scores of every query head (a slot's K row ho
 
 Float32 caches only (the CPU default dtype where bf16 is not native, :mod:`sglang_specopd.app.cpu_dtype`); any
 other dtype, or a machine where the extension does not build (no C++ compiler), keeps the batched torch path.
-``SPECOPD_CPU_FUSED_DECODE=0`` turns it off. Values equal the batched path up to float summation order
+``SPECOPD_CPU_FUSED_DECODE=0`` turns it off. Values equal the batched path up to float summation order;
+the TARGET_VERIFY block (``block`` query rows per request, causal or not) runs the same kernel
 (tests/test_cpu_batched_attention.py).
 """
 
@@ -34,13 +35,15 @@ _CPP = r"""
 #include <vector>
 #include <limits>
 
-// q [B, Hq, D] f32; k_cache, v_cache [P, Hkv, D] f32 (rows may be strided over P only);
-// req_to_token [R, C] int32 or int64; req_pool_indices [B] int64; seq_lens [B] int64; out [B, Hq, D] f32.
+// q [B*n, Hq, D] f32: n query rows per request (decode: n = 1; verify: the block); k_cache, v_cache [P, Hkv, D]
+// f32 (rows may be strided over P only); req_to_token [R, C] int32 or int64; req_pool_indices [B] int64;
+// lens [B] int64 KV length of the request including its n new tokens; out [B*n, Hq, D] f32.
+// Query row j of request b sees its first lens[b] - (n - 1 - j) slots when causal, all lens[b] otherwise.
 template <typename IdxT>
 static void run(const torch::Tensor& q, const torch::Tensor& kc, const torch::Tensor& vc,
                 const torch::Tensor& r2t, const torch::Tensor& rpi, const torch::Tensor& lens,
-                double scale, torch::Tensor& out) {
-  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = kc.size(1);
+                int64_t n, bool causal, double scale, torch::Tensor& out) {
+  const int64_t R = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = kc.size(1);
   const int64_t G = Hq / Hkv;
   const float* qp = q.data_ptr<float>();
   const float* kp = kc.data_ptr<float>();
@@ -53,13 +56,14 @@ static void run(const torch::Tensor& q, const torch::Tensor& kc, const torch::Te
   const int64_t qs0 = q.stride(0), qs1 = q.stride(1), os0 = out.stride(0), os1 = out.stride(1);
   const int64_t ts0 = r2t.stride(0);
   const float sc = static_cast<float>(scale);
-  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, R, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> s;
     std::vector<float> acc(Hq * D);
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t L = lp[b];
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t b = r / n, j = r % n;
+      const int64_t L = causal ? lp[b] - (n - 1 - j) : lp[b];
       const IdxT* slots = tp + rp[b] * ts0;
-      const float* qb = qp + b * qs0;
+      const float* qb = qp + r * qs0;
       s.assign(Hq * L, 0.f);
       for (int64_t t = 0; t < L; ++t) {  // scores: one pass over the request's K rows (all KV heads of a slot)
         const float* krow = kp + static_cast<int64_t>(slots[t]) * ks0;
@@ -74,8 +78,8 @@ static void run(const torch::Tensor& q, const torch::Tensor& kc, const torch::Te
           }
         }
       }
-      for (int64_t j = 0; j < Hq; ++j) {  // exact softmax per query head
-        float* sj = s.data() + j * L;
+      for (int64_t jh = 0; jh < Hq; ++jh) {  // exact softmax per query head
+        float* sj = s.data() + jh * L;
         float m = -std::numeric_limits<float>::infinity();
         for (int64_t t = 0; t < L; ++t) m = std::max(m, sj[t]);
         float z = 0.f;
@@ -89,34 +93,37 @@ static void run(const torch::Tensor& q, const torch::Tensor& kc, const torch::Te
         for (int64_t h = 0; h < Hkv; ++h) {
           const float* vr = vrow + h * vs1;
           for (int64_t g = 0; g < G; ++g) {
-            const int64_t j = h * G + g;
-            const float p = s[j * L + t];
-            float* a = acc.data() + j * D;
+            const int64_t jh = h * G + g;
+            const float p = s[jh * L + t];
+            float* a = acc.data() + jh * D;
 #pragma omp simd
             for (int64_t i = 0; i < D; ++i) a[i] += p * vr[i];
           }
         }
       }
-      for (int64_t j = 0; j < Hq; ++j) {
-        float* o = op + b * os0 + j * os1;
-        for (int64_t i = 0; i < D; ++i) o[i] = acc[j * D + i];
+      for (int64_t jh = 0; jh < Hq; ++jh) {
+        float* o = op + r * os0 + jh * os1;
+        for (int64_t i = 0; i < D; ++i) o[i] = acc[jh * D + i];
       }
     }
   });
 }
 
-void decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor req_to_token,
-                      torch::Tensor req_pool_indices, torch::Tensor seq_lens, double scale, torch::Tensor out) {
+void rows_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor req_to_token,
+                    torch::Tensor req_pool_indices, torch::Tensor lens, int64_t n, bool causal, double scale,
+                    torch::Tensor out) {
   TORCH_CHECK(q.scalar_type() == torch::kFloat && k_cache.scalar_type() == torch::kFloat &&
               v_cache.scalar_type() == torch::kFloat && out.scalar_type() == torch::kFloat, "float32 only");
   TORCH_CHECK(q.stride(2) == 1 && k_cache.stride(2) == 1 && v_cache.stride(2) == 1 && out.stride(2) == 1,
               "the head dimension must be contiguous");
   TORCH_CHECK(q.size(1) % k_cache.size(1) == 0, "query heads must be a multiple of KV heads");
   TORCH_CHECK(req_to_token.stride(1) == 1, "req_to_token rows must be contiguous");
+  TORCH_CHECK(n >= 1 && q.size(0) == req_pool_indices.size(0) * n && out.size(0) == q.size(0),
+              "q and out must hold n rows per request");
   auto rpi = req_pool_indices.to(torch::kLong).contiguous();
-  auto lens = seq_lens.to(torch::kLong).contiguous();
-  if (req_to_token.scalar_type() == torch::kInt) run<int32_t>(q, k_cache, v_cache, req_to_token, rpi, lens, scale, out);
-  else if (req_to_token.scalar_type() == torch::kLong) run<int64_t>(q, k_cache, v_cache, req_to_token, rpi, lens, scale, out);
+  auto lp = lens.to(torch::kLong).contiguous();
+  if (req_to_token.scalar_type() == torch::kInt) run<int32_t>(q, k_cache, v_cache, req_to_token, rpi, lp, n, causal, scale, out);
+  else if (req_to_token.scalar_type() == torch::kLong) run<int64_t>(q, k_cache, v_cache, req_to_token, rpi, lp, n, causal, scale, out);
   else TORCH_CHECK(false, "req_to_token must be int32 or int64");
 }
 """
@@ -139,7 +146,7 @@ def extension():
                 from torch.utils.cpp_extension import load_inline
 
                 _MODULE["mod"] = load_inline(
-                    name="specopd_cpu_fused_decode", cpp_sources=[_CPP], functions=["decode_attention"],
+                    name="specopd_cpu_fused_decode", cpp_sources=[_CPP], functions=["rows_attention"],
                     extra_cflags=["-O3", "-march=native", "-fopenmp-simd"], verbose=False)
             except Exception as exc:  # no compiler / headers: keep the torch path
                 log.warning("fused CPU decode attention unavailable (%s); using the batched torch path", exc)
@@ -164,5 +171,29 @@ def fused_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     if mod is None:
         return False
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
-    mod.decode_attention(query, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, scale, out)
+    mod.rows_attention(query, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, 1, True, scale, out)
+    return True
+
+
+def fused_verify_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor,
+                           block: int, causal: bool, scaling: Optional[float], out: torch.Tensor) -> bool:
+    """Verify-block attention (``block`` query rows per request) written into ``out`` [bs*block, H_q, D_v];
+    returns False (``out`` untouched) where it does not apply, as :func:`fused_decode_attention`.
+
+    Args: as :func:`sglang_specopd.server.cpu.batched_attention.batched_verify_attention`: query [bs*block, H_q,
+    D], request ``b``'s rows ``b*block .. b*block+block-1`` at positions ``prefix_lens[b] + j``; ``causal``: row
+    ``j`` sees slots ``0 .. prefix_lens[b] + j`` (chain verify), else the whole prefix + block (DFlash's
+    ENCODER_ONLY draft layers). The same kernel as decode (decode is ``block = 1``, causal). Session 17 py-spy: the
+    batched torch path was 12.7% of a SPECOPD step at concurrency 1 (masks, gathers and copies per layer).
+    """
+    if (not enabled() or query.device.type != "cpu" or
+            any(t.dtype != torch.float32 for t in (query, k_cache, v_cache, out))):
+        return False
+    mod = extension()
+    if mod is None:
+        return False
+    scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    mod.rows_attention(query, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens + block, block, causal,
+                       scale, out)
     return True
