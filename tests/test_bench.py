@@ -451,6 +451,15 @@ def test_results_summary_names_each_file_and_reads_its_numbers() -> None:
     assert ("- **Serving with the reference drafter** (`concurrency_reference_smollm2_cpu.json`, 24 held-out prompts "
             "per domain, 64 new tokens, drafter `assets/d`): speculative vs plain serving output tokens/s, T0: 0.65x / "
             "0.80x at concurrency 1 / 2, tau 1.683 [1.620, 1.750].") in ref_text
+    vc = {"dtype": "float32", "threads": 1,
+          "rows": [{"m": 1, "forward_over_decode": 1.0}, {"m": 2, "forward_over_decode": 1.55},
+                   {"m": 8, "forward_over_decode": 2.11, "linear_over_decode": 2.09, "lm_head_over_decode": 3.14}],
+          "served": {"file": "benchmarks/results/c.json", "break_even_tau": 2.67, "tau": 1.727}}
+    vc_text = "\n".join(results_summary({"verify_cost_smollm2_cpu.json": vc}))
+    assert ("- **Why speculative decoding loses on this CPU** (`verify_cost_smollm2_cpu.json`, SmolLM2 float32, 1 "
+            "thread): a verify forward of 8 tokens costs 2.11x a decode forward (linears 2.09x, output head 3.14x; 2 "
+            "tokens 1.55x); the served speculative step at concurrency 1 cost 2.67 plain decode steps (`c.json`), so "
+            "it breaks even only at tau 2.67 (measured 1.727).") in vc_text
     qsa = dict(gdn, target="tiny-qwen4exp-sparse", layer_pattern="8 layers: 6 GDN + 2 QSA sparse attention",
                qsa_budget=32, qsa_compress_ratio=4,
                cases=[dict(c, groups_per_tree=g, sequential_selections_per_tree=28.0)

@@ -95,6 +95,25 @@ def _serving_reference(name: str, data: Mapping[str, Any]) -> List[str]:
             f"speculative vs plain serving output tokens/s, {'; '.join(parts)}."]
 
 
+def _verify_cost(name: str, data: Mapping[str, Any]) -> List[str]:
+    """``benchmarks/verify_cost.py``'s file: a block-8 verify forward over a decode forward, and the served break-even
+    acceptance length it derived."""
+    rows = {r.get("m"): r for r in data.get("rows") or [] if isinstance(r, Mapping)}
+    eight, two = rows.get(8) or {}, rows.get(2) or {}
+    if not _num(eight.get("forward_over_decode")):
+        return []
+    text = (f"- **Why speculative decoding loses on this CPU** (`{name}`, SmolLM2 {data.get('dtype', '?')}, "
+            f"{data.get('threads', '?')} thread): a verify forward of 8 tokens costs "
+            f"{_f(eight['forward_over_decode'], 2)}x a decode forward (linears {_f(eight.get('linear_over_decode'), 2)}x, "
+            f"output head {_f(eight.get('lm_head_over_decode'), 2)}x; 2 tokens {_f(two.get('forward_over_decode'), 2)}x)")
+    served = data.get("served")
+    if isinstance(served, Mapping) and _num(served.get("break_even_tau")):
+        text += (f"; the served speculative step at concurrency 1 cost {_f(served['break_even_tau'], 2)} plain decode "
+                 f"steps (`{str(served.get('file', '?')).split('/')[-1]}`), so it breaks even only at tau "
+                 f"{_f(served['break_even_tau'], 2)} (measured {_f(served.get('tau'), 3)})")
+    return [text + "."]
+
+
 def _comparison(name: str, data: Mapping[str, Any]) -> List[str]:
     acc = data.get("acceptance")
     if not isinstance(acc, Mapping):
@@ -293,6 +312,8 @@ def results_summary(results: Mapping[str, Mapping[str, Any]], results_dir: str =
     items: List[str] = []
     for name in sorted(n for n in results if n.startswith("concurrency_")):
         items += _serving(name, results[name])
+    if "verify_cost_smollm2_cpu.json" in results:
+        items += _verify_cost("verify_cost_smollm2_cpu.json", results["verify_cost_smollm2_cpu.json"])
     if "specopd_smollm2_cpu.json" in results:
         items += _comparison("specopd_smollm2_cpu.json", results["specopd_smollm2_cpu.json"])
     for name in ("tree_scoring_cpu.json", "tree_scoring_gdn_cpu.json", "tree_scoring_qsa_cpu.json"):
