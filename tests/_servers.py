@@ -27,7 +27,8 @@ import pytest
 T = TypeVar("T")
 
 # The module-scoped fixtures that hand out a shared server (what :func:`group_modules` groups by), in no order.
-SHARED_SERVER_FIXTURES = ("tiny_specopd_server", "tiny_admin_server", "parity_server", "hybrid_specopd_server")
+SHARED_SERVER_FIXTURES = ("tiny_specopd_server", "tiny_admin_server", "parity_server", "hybrid_specopd_server",
+                           "qsa_specopd_server")
 
 _LIVE: Dict[str, Tuple[contextlib.ExitStack, object]] = {}
 STARTS: List[str] = []  # every shared server started in this session, by fixture name (for the suite's summary)

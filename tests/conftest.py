@@ -397,6 +397,15 @@ def hybrid_target(smollm2_target: Path, tmp_path_factory: pytest.TempPathFactory
     return build_tiny_qwen3next(tmp_path_factory.mktemp("hybrid") / "tiny-qwen3next", smollm2_target, seed=0)
 
 
+@pytest.fixture(scope="session")
+def qsa_target(smollm2_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny QSA-GDN target (tiny-qwen4exp-sparse: Qwen4-Exp architecture, 3 GDN layers per QSA attention layer,
+    QSA budget 32 in blocks of 4, SmolLM2's tokenizer; :func:`sglang_specopd.app.tiny_qsa.build_tiny_qwen4exp_sparse`)."""
+    from sglang_specopd.app.tiny_qsa import build_tiny_qwen4exp_sparse
+
+    return build_tiny_qwen4exp_sparse(tmp_path_factory.mktemp("qsa") / "tiny-qwen4exp-sparse", smollm2_target)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Tiny servers (fp32): plain reference outputs, then one SPECOPD server
 # ---------------------------------------------------------------------------------------------------------------

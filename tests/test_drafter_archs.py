@@ -357,3 +357,18 @@ def test_hot_swap_validation_goes_through_the_registry(dummy_arch: DrafterArch) 
         validate_swap(dummy_spec, _dummy_config(dummy_spec), bad)
     with pytest.raises(ValueError, match="missing \\['norm.weight'\\]"):
         validate_swap(dummy_spec, _dummy_config(dummy_spec), {"proj.weight": dummy_tensors["proj.weight"]})
+
+
+def test_target_info_of_a_mixture_of_experts_config(tmp_path: Path) -> None:
+    """A MoE target config has no ``intermediate_size``: the drafter's MLP width is the shared expert's (Qwen3-Next,
+    Qwen4-Exp), else one routed expert's; with neither the config is refused naming the field."""
+    from sglang_specopd.wire.checkpoint_info import TargetConfigError, read_target_info
+
+    base = {"hidden_size": 256, "num_hidden_layers": 8, "num_attention_heads": 4, "vocab_size": 100,
+            "moe_intermediate_size": 96}
+    for extra, want in (({"shared_expert_intermediate_size": 128}, 128), ({}, 96)):
+        (tmp_path / "config.json").write_text(json.dumps({"text_config": {**base, **extra}}))
+        assert read_target_info(tmp_path).intermediate_size == want
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in base.items() if k != "moe_intermediate_size"}))
+    with pytest.raises(TargetConfigError, match="intermediate_size"):
+        read_target_info(tmp_path)

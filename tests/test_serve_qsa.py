@@ -31,6 +31,8 @@ NEW_TOKENS = 16
 # SGLang sizes the mamba state pool from free memory; a test needs a handful. The radix cache must be off for QSA
 # targets on CPU (the QSA pool needs page size 64, the mamba radix cache page size 1; docs/qsa_serving_plan.md).
 EXTRA_ARGS = ["--max-mamba-cache-size", "32", "--disable-radix-cache"]
+QSA_BLOCK_SIZE = 4  # SPECOPD's block: SGLang's QSA verify takes at most compress_ratio (4) rows per request
+QSA_ADMIN_KEY = "qsa-admin-key"
 
 
 def _prompts() -> Dict[str, List[int]]:
@@ -38,13 +40,6 @@ def _prompts() -> Dict[str, List[int]]:
     return {"dense-20": [rng.randrange(5, 49152) for _ in range(20)],
             "sparse-45": [rng.randrange(5, 49152) for _ in range(45)],
             "sparse-90": [rng.randrange(5, 49152) for _ in range(90)]}
-
-
-@pytest.fixture(scope="module")
-def qsa_target(smollm2_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from sglang_specopd.app.tiny_qsa import build_tiny_qwen4exp_sparse
-
-    return build_tiny_qwen4exp_sparse(tmp_path_factory.mktemp("qsa") / "tiny-qwen4exp-sparse", smollm2_target)
 
 
 @pytest.fixture(scope="module")
@@ -170,9 +165,73 @@ def test_score_trees_greedy_after_scoring_unchanged(qsa_server, served) -> None:
     assert again["output_ids"] == served["sparse-90"]["output_ids"]
 
 
-def test_score_trees_refuses_features_on_a_qsa_target(qsa_server) -> None:
-    from test_score_trees import assert_4xx, post_score
+def test_score_trees_features_equal_transformers_mixed_attention_inputs(qsa_server, qsa_target: Path) -> None:
+    """Qwen4-Exp's DFlash feature of layer l is the mixed attention input of layer l + 1
+    (:mod:`sglang_specopd.server.qwen4_exp_features`): transformers' ``layers[l + 1].attn_hyper_connection`` output,
+    into GDN layers (1 -> layer 2, 5 -> layer 6) and the sparse one (2 -> layer 3, QSA), 45 tokens (sparse regime)."""
+    import torch
 
-    body = {"references": [{"input_ids": _prompts()["sparse-45"], "trees": [{"anchor": 40, "branches": [[7, 8]]}]}],
-            "block_size": 4, "returns": ["hidden"], "feature_layer_ids": [1]}
-    assert_4xx(post_score(qsa_server.url, body), "feature_layer_ids", "sparse attention")
+    from test_score_trees import score
+
+    from sglang_specopd.app.tiny_qsa import load_tiny_qwen4exp, served_index_precision
+
+    ids, layers = _prompts()["sparse-45"], [1, 2, 5]
+    body = {"references": [{"input_ids": ids, "trees": [{"anchor": 40, "branches": [[7, 8]]}]}],
+            "block_size": 4, "returns": ["hidden"], "feature_layer_ids": layers}
+    feats = score(qsa_server.url, body)[0]["ref0.features"]
+    model = load_tiny_qwen4exp(qsa_target)
+    seen = {}
+    hooks = [model.model.layers[i + 1].attn_hyper_connection.register_forward_hook(
+        lambda mod, args, out, i=i: seen.__setitem__(i, out[0][0])) for i in layers]
+    try:
+        with torch.no_grad(), served_index_precision():
+            model(torch.tensor([ids]))
+    finally:
+        for h in hooks:
+            h.remove()
+    width = model.config.hidden_size
+    assert feats.shape == (len(ids), width * len(layers))
+    for j, layer in enumerate(layers):
+        diff = (feats[:, j * width:(j + 1) * width] - seen[layer]).abs().max().item()
+        print(f"layer {layer}: feature max abs {seen[layer].abs().max().item():.3f}, difference {diff:.1e}")
+        assert seen[layer].abs().max() > 0.1 and diff < 1e-4, (layer, diff)
+
+
+@pytest.fixture(scope="module")
+def qsa_specopd_server(request, shared_servers_guard, qsa_target: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A SPECOPD server on the same target with a random block-4, 1-layer DFlash drafter (block <= the QSA compress
+    ratio, as SGLang's QSA verify requires; its features come from :mod:`sglang_specopd.server.qwen4_exp_features`)
+    and :data:`QSA_ADMIN_KEY`: one server shared with test_train_qsa.py (tests/_servers.py);
+    ``extra["drafter"]``: the start-up drafter's directory."""
+    from _servers import lend, start_specopd
+    from sglang_specopd.app.launch import LaunchSpec, free_port
+    from sglang_specopd.wire.drafter_init import init_drafter
+
+    def start(stack):
+        drafter = tmp_path_factory.mktemp("qsa-drafter") / "drafter"
+        init_drafter(qsa_target, drafter, block_size=QSA_BLOCK_SIZE, num_layers=1, seed=0)
+        spec = LaunchSpec(model_path=str(qsa_target), port=free_port(), device="cpu", dtype="float32",
+                          attention_backend="torch_native", max_total_tokens=2048, disable_cuda_graph=True,
+                          disable_overlap_schedule=True, sleep_on_idle=True, drafter_path=str(drafter),
+                          speculative_algorithm="SPECOPD", block_size=QSA_BLOCK_SIZE, admin_api_key=QSA_ADMIN_KEY,
+                          extra_args=list(EXTRA_ARGS))
+        srv = start_specopd(stack, spec, tmp_path_factory.mktemp("logs"), "qsa-specopd")
+        srv.extra["drafter"] = drafter
+        return srv
+
+    yield from lend(request, "qsa_specopd_server", start)
+
+
+@pytest.mark.parametrize("name", list(_prompts()))
+def test_specopd_greedy_equals_plain_fp32(qsa_specopd_server, served, name) -> None:
+    """Speculative decoding on the QSA-GDN target is lossless: greedy ids equal the plain server's, in the dense
+    and the sparse regime. In the sparse regime this needs adaptation 14 (:mod:`sglang_specopd.server.cpu.qsa_ring`):
+    with SGLang's one-group index-key ring, a verify window straddling a block end compressed the block from
+    overwritten keys, and 'sparse-90' diverged at its third token."""
+    r = httpx.post(qsa_specopd_server.url + "/generate", json={
+        "input_ids": _prompts()[name],
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}}, timeout=600)
+    assert r.status_code == 200, r.text[:500]
+    body = r.json()
+    assert body["output_ids"] == served[name]["output_ids"]
+    assert body["meta_info"]["spec_verify_ct"] >= NEW_TOKENS // 4, body["meta_info"]  # every token went through verify

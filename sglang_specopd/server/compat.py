@@ -99,6 +99,7 @@ _HYBRID_ARCH = "sglang.srt.configs.hybrid_arch"
 _QSA_IDX = "sglang.srt.layers.attention.qsa.qsa_indexer"
 _QSA_META = "sglang.srt.layers.attention.qsa.metadata"
 _QSA_CFG = "sglang.srt.layers.attention.qsa.config"
+_QWEN4 = "sglang.srt.models.qwen4_exp"
 _WEIGHT_UPDATES = ("update_weights_from_disk", "update_weights_from_tensor", "update_weights_from_ipc",
                    "load_weights_from_distributed", "begin_weight_update")
 #: The WeightUpdater methods (every target weight update SGLang offers) the prefix cache clears itself before.
@@ -227,6 +228,11 @@ SYMBOLS: Tuple[Symbol, ...] = (
     _s("Qwen4ExpAttentionDecoderLayer._compute_qsa_topk_indices", "sglang.srt.models.qwen4_exp",
        "Qwen4ExpAttentionDecoderLayer._compute_qsa_topk_indices", AROUND,
        ("self", "hidden_states", "positions", "forward_batch"), used_by="score_qsa"),
+    # DFlash features on Qwen4-Exp (qwen4_exp_features.py): the layers drop the capture, the VL model the aux list
+    *(_s(f"{cls}.forward", _QWEN4, f"{cls}.forward", AROUND, ("self",), used_by="qwen4_exp_features")
+      for cls in ("Qwen4ExpLinearDecoderLayer", "Qwen4ExpAttentionDecoderLayer", "Qwen4ExpVLModel")),
+    _s("Qwen4ExpLayerExtensionMixin._attn_mix", _QWEN4, "Qwen4ExpLayerExtensionMixin._attn_mix", AROUND,
+       ("self", "residual"), used_by="qwen4_exp_features"),
     # capture by a per-layer ``_is_layer_to_capture`` flag, as set_dflash_layers_to_capture sets it
     _s("Qwen3NextModel", "sglang.srt.models.qwen3_next", "Qwen3NextModel", R, used_by="score_gdn",
        attrs=("layers", "layers_to_capture", "set_dflash_layers_to_capture")),
@@ -298,6 +304,17 @@ SYMBOLS: Tuple[Symbol, ...] = (
        used_by="cpu.qwen4_exp", cpu_only=True),
     _s("qsa.config._COMPRESSED_BLOCK_TOPK", _QSA_CFG, "_COMPRESSED_BLOCK_TOPK", MP, used_by="cpu.qwen4_exp",
        cpu_only=True),
+    # the two-group pending ring of QSA index keys (cpu/qsa_ring.py, adaptation 14)
+    _s("QSATokenToKVPool.__init__", "sglang.srt.mem_cache.qsa_kv_pool", "QSATokenToKVPool.__init__", AROUND,
+       ("self",), used_by="cpu.qsa_ring", cpu_only=True),
+    *(_s(f"{short}.{fn}", module, fn, MP, ring_params, used_by="cpu.qsa_ring", cpu_only=True)
+      for short, module in (("qsa_indexer", _QSA_IDX),
+                            ("qwen_sparse_attn_backend", "sglang.srt.layers.attention.qwen_sparse_attn_backend"))
+      for fn, ring_params in (("build_pending_ring_slots", ("token_to_batch_idx", "req_pool_indices",
+                                                            "sequence_lengths", "logical_positions",
+                                                            "compress_ratio", "is_extend")),
+                              ("build_group_ring_slots", ("req_pool_indices", "group_end_positions", "sequence_ids",
+                                                          "compress_ratio")))),
     _s("parse_qsa_profile", _QSA_CFG, "parse_qsa_profile", R, ("config",), used_by="cpu.qwen4_exp",
        cpu_only=True),
     _s("KVWriteLoc", _TN, "KVWriteLoc", R, ("loc", "swa_loc"), used_by="cpu.patches", cpu_only=True),

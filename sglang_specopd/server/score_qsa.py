@@ -33,7 +33,6 @@ from sglang_specopd.server.tree_call import TREE_CALL, TreeForwardBatch
 
 SCORE_DTYPE_DEFAULT = torch.bfloat16  # SGLang's default QSA compressed-key cache dtype
 _CONFIGS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # indexer -> QSAConfig
-_HAS_QSA: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> whether it has QSA layers
 
 
 class QSATreeSelection:
@@ -101,14 +100,6 @@ def qsa_tree_attention(q, k, v, selection: QSATreeSelection, scale: float) -> to
     from specopd_kernels.sparse import get_sparse_attention
 
     return get_sparse_attention(q.device)(q, k, v, selection.selection.indices, scale)
-
-
-def has_qsa_layers(model) -> bool:
-    """Whether the served model has attention layers with a QSA indexer (decided once per model)."""
-    if model not in _HAS_QSA:
-        qsa = compat.get("QSAIndexer")
-        _HAS_QSA[model] = any(isinstance(m, qsa) for m in model.modules())
-    return _HAS_QSA[model]
 
 
 def register_qsa_scoring() -> None:

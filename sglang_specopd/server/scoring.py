@@ -40,7 +40,8 @@ from sglang_specopd.server.score_gdn import (
     has_gdn_layers,
     register_gdn_scoring,
 )
-from sglang_specopd.server.score_qsa import QSATreeSelection, has_qsa_layers, qsa_tree_attention, register_qsa_scoring
+from sglang_specopd.server.qwen4_exp_features import register_qwen4_exp_features
+from sglang_specopd.server.score_qsa import QSATreeSelection, qsa_tree_attention, register_qsa_scoring
 from sglang_specopd.server.tree_call import TREE_CALL, TreeCall, TreeForwardBatch
 from sglang_specopd.wire.protocol import ScoreTreesError, ScoreTreesRequest, validate_request
 
@@ -153,10 +154,6 @@ def parse_score_request(scheduler, payload: bytes) -> ScoreTreesRequest:
     """
     check_scorable(scheduler.tp_worker.model_runner)
     req = ScoreTreesRequest.model_validate_json(payload)
-    if req.feature_layer_ids and has_qsa_layers(target_model(scheduler)):
-        # SGLang's Qwen4-Exp layers do not capture DFlash features (no DFlash drafter serves this target)
-        raise ScoreTreesError("feature_layer_ids: this target (sparse attention, Qwen4-Exp) has no DFlash feature "
-                              "capture; request without features")
     cfg = scheduler.tp_worker.model_runner.model_config
     validate_request(req, vocab_size=cfg.vocab_size, num_layers=cfg.num_hidden_layers)
     context_len = getattr(cfg, "context_len", None)
@@ -299,4 +296,5 @@ def register_scoring() -> None:
     compat.hook("RadixAttention.forward", tree_attention_override)
     register_gdn_scoring()
     register_qsa_scoring()
+    register_qwen4_exp_features()
     register_prefix_cache()

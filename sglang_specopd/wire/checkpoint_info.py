@@ -47,7 +47,9 @@ def read_target_info(target_dir: str | os.PathLike[str]) -> TargetInfo:
 
     Raises:
         TargetConfigError: the file is missing/unreadable/not a JSON object, or lacks hidden_size,
-            num_hidden_layers, num_attention_heads, intermediate_size or vocab_size.
+            num_hidden_layers, num_attention_heads, intermediate_size or vocab_size (a mixture-of-experts config
+            without ``intermediate_size`` gives its ``shared_expert_intermediate_size``, else its
+            ``moe_intermediate_size``).
     """
     path = Path(target_dir) / "config.json"
     try:
@@ -59,6 +61,11 @@ def read_target_info(target_dir: str | os.PathLike[str]) -> TargetInfo:
     if not isinstance(cfg, dict):
         raise TargetConfigError(f"target config is not a JSON object: {path}")
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    text = dict(text)
+    if not isinstance(text.get("intermediate_size"), int):  # a mixture-of-experts target: the dense MLP width a
+        # drafter takes is its shared expert's (Qwen3-Next, Qwen4-Exp), else one routed expert's
+        text["intermediate_size"] = next((text[k] for k in ("shared_expert_intermediate_size", "moe_intermediate_size")
+                                          if isinstance(text.get(k), int)), None)
     missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                            "vocab_size") if not isinstance(text.get(k), int)]
     if missing:

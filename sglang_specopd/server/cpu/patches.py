@@ -163,6 +163,9 @@ def register_cpu_adaptations() -> None:
     from sglang_specopd.server.cpu.qwen4_exp import register_qwen4_exp_adaptations
 
     register_qwen4_exp_adaptations()
+    from sglang_specopd.server.cpu.qsa_ring import register_qsa_ring
+
+    register_qsa_ring()
     from sglang_specopd.server.cpu.dflash2 import register_dflash2_adaptations
 
     register_dflash2_adaptations()
