@@ -164,15 +164,7 @@ def fused_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     k_cache / v_cache [pool_tokens, H_kv, D]; req_to_token [max_reqs, max_context]; seq_lens [bs] KV lengths
     including the new token; scaling None = 1/sqrt(D)).
     """
-    if (not enabled() or query.device.type != "cpu" or
-            any(t.dtype != torch.float32 for t in (query, k_cache, v_cache, out))):
-        return False
-    mod = extension()
-    if mod is None:
-        return False
-    scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
-    mod.rows_attention(query, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, 1, True, scale, out)
-    return True
+    return _rows_attention(query, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, 1, True, scaling, out)
 
 
 def fused_verify_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -187,6 +179,14 @@ def fused_verify_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     ENCODER_ONLY draft layers). The same kernel as decode (decode is ``block = 1``, causal). Session 17 py-spy: the
     batched torch path was 12.7% of a SPECOPD step at concurrency 1 (masks, gathers and copies per layer).
     """
+    return _rows_attention(query, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens + block, block,
+                           causal, scaling, out)
+
+
+def _rows_attention(query, k_cache, v_cache, req_to_token, req_pool_indices, lens, n: int, causal: bool,
+                    scaling: Optional[float], out: torch.Tensor) -> bool:
+    """The kernel on ``n`` query rows per request with KV lengths ``lens`` [bs] (including the n new tokens), or
+    False (``out`` untouched) when switched off, not float32, not on CPU, or the extension does not build."""
     if (not enabled() or query.device.type != "cpu" or
             any(t.dtype != torch.float32 for t in (query, k_cache, v_cache, out))):
         return False
@@ -194,6 +194,5 @@ def fused_verify_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     if mod is None:
         return False
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
-    mod.rows_attention(query, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens + block, block, causal,
-                       scale, out)
+    mod.rows_attention(query, k_cache, v_cache, req_to_token, req_pool_indices, lens, n, causal, scale, out)
     return True
