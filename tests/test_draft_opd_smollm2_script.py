@@ -315,10 +315,15 @@ def test_two_arms_end_to_end_on_the_tiny_target(tiny_serving_target: Path, tiny_
             a = res["acceptance"][arm][t]
             assert "error" not in a, a
             assert 1.0 <= a["mean"] <= 4.0 and a["ci95"][0] <= a["mean"] <= a["ci95"][1]
-            assert a["prompts"] == {d: 2 for d in MOD.DOMAINS}
+            rows = res["per_request"][arm][t]
+            assert sorted(r["domain"] for r in rows) == sorted(MOD.DOMAINS * 2)
+            # a request the target ends at its first token (EOS sampled at T1) has no verify step: it is left out
+            assert a["prompts"] == {d: sum(1 for r in rows if r["domain"] == d and r["verify_steps"] > 0)
+                                    for d in MOD.DOMAINS}
+            assert sum(a["prompts"].values()) >= 4 and all(n >= 1 for n in a["prompts"].values())
         assert (run / f"drafter-{arm}" / "model.safetensors").is_file()
     d = res["paired_diff_vs_sft_continued"]["draft_opd"]["T0"]
-    assert "mean" in d and d["prompts"] == {dd: 2 for dd in MOD.DOMAINS}
+    assert "mean" in d and all(1 <= d["prompts"][dd] <= 2 for dd in MOD.DOMAINS)
     # budgets: continued SFT 1 step of 8 x 16 x 3 slots; Draft-OPD 2 planned steps of at most 8 blocks x 3 slots,
     # topped up (at most 3 x 2 more steps) while the tiny target's few error blocks leave it below the budget
     assert res["supervised_tokens"]["sft_continued"] == 384 and res["steps"]["sft_continued"] == 1
