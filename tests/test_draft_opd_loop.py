@@ -167,7 +167,7 @@ def test_traffic_mode_trains_on_recorded_requests(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("options", [{"replay": False}, {"loss": "fkl_only"}, {"loss": "rkl_only"},
-                                     {"anchors": "random"}])
+                                     {"anchors": "random"}, {"rejected_slots": "first"}])
 def test_ablations_run_and_differ_from_the_method(tmp_path: Path, options) -> None:
     from specopd_trainer.algorithms.draft_opd.loop import train_draft_opd
 
@@ -183,3 +183,9 @@ def test_ablations_run_and_differ_from_the_method(tmp_path: Path, options) -> No
     if options.get("replay") is False:  # SFT on the rollout text: features only, no drafted tokens scored
         assert server.score_calls == 1 and "rejected_tokens" not in abl["metrics"]
         assert abl["metrics"]["step_supervised_tokens"] > 0
+    if options.get("rejected_slots") == "first":  # same blocks scored; only the first rejected slot of each
+        m, b = abl["metrics"], base["metrics"]
+        assert (m["blocks"], m["accepted_tokens"], m["step_scored_tokens"]) == \
+            (b["blocks"], b["accepted_tokens"], b["step_scored_tokens"])
+        assert m["rejected_tokens"] == m["blocks"] < b["rejected_tokens"]  # error anchors: one first rejection each
+        assert m["step_supervised_tokens"] == m["accepted_tokens"] + m["blocks"] < m["step_scored_tokens"]

@@ -23,6 +23,9 @@ def test_block_slot_masks_from_accepted_counts() -> None:
     acc, rej = block_slot_masks(torch.tensor([1, 0, 2]), 2)
     assert acc.tolist() == [[True, False], [False, False], [True, True]]
     assert rej.tolist() == [[False, True], [True, True], [False, False]]  # first rejected slot and after it
+    acc, rej = block_slot_masks(torch.tensor([1, 0, 3]), 3, first_rejected_only=True)
+    assert acc.tolist() == [[True, False, False], [False, False, False], [True, True, True]]
+    assert rej.tolist() == [[False, True, False], [True, False, False], [False, False, False]]  # slot accepted+1
     acc, rej = block_slot_masks(torch.tensor([1]), 3, rejected=False)
     assert acc.tolist() == [[True, False, False]] and not rej.any()
     with pytest.raises(ValueError, match=r"\[0, 2\]"):

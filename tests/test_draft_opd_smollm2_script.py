@@ -27,7 +27,7 @@ def rows(per_domain):
 def test_select_arms():
     assert arms.select_arms(None) == list(arms.ARMS) == arms.select_arms("all") == arms.select_arms(" ")
     assert arms.select_arms("draft_opd, sft_start,draft_opd") == ["sft_start", "draft_opd"]  # ARMS order, once
-    assert len(arms.ARMS) == 9 and arms.ARMS[:2] == ("sft_start", "sft_continued")
+    assert len(arms.ARMS) == 10 and arms.ARMS[:2] == ("sft_start", "sft_continued")
     with pytest.raises(arms.ArmsError, match="unknown dopd; valid: sft_start, sft_continued"):
         arms.select_arms("draft_opd,dopd")
     with pytest.raises(arms.ArmsError, match="none given"):
@@ -63,6 +63,7 @@ def test_draft_opd_arms_use_the_ablation_flags():
     assert (base.rollout_prompts, base.concurrency, base.rollout_tokens, base.lr) == (4, 4, 32, 1e-4)
     assert mk("draft_opd_no_replay").replay is False and mk("draft_opd_fkl_only").loss == "fkl_only"
     assert mk("draft_opd_rkl_only").loss == "rkl_only" and mk("draft_opd_random_anchors").anchors == "random"
+    assert mk("draft_opd_first_rejection").rejected_slots == "first" and base.rejected_slots == "all"
     for a in arms.DRAFT_OPD_ARMS:  # every ablation differs from the method in exactly one field
         diff = {k for k, v in mk(a).model_dump().items() if v != base.model_dump()[k]}
         assert len(diff) == (0 if a == "draft_opd" else 1), (a, diff)
@@ -152,6 +153,26 @@ def test_a_rollout_arm_below_its_budget_is_topped_up(tmp_path: Path, monkeypatch
     out = train._train(s, "sequential_opd", SimpleNamespace(block_size=4), tmp_path / "seq2")
     assert out["topups"] == train.MAX_TOPUPS == 3 and out["stopped_at_budget"] is False
     assert out["supervised_tokens"] == 260 and out["steps"] == 26 * 4
+
+
+def test_an_equal_steps_arm_runs_draft_opds_steps_without_budget_stop_or_topups(tmp_path: Path, monkeypatch,
+                                                                                pushed):
+    """draft_opd_first_rejection at 100 tokens per step and a 240-token budget runs draft_opd's planned
+    ceil(240 / (8 blocks x 3 slots)) = 10 steps (1000 tokens): no stop when the budget is reached after 3 steps,
+    no top-up."""
+    import specopd_trainer.algorithms.draft_opd.loop as dloop
+
+    monkeypatch.setattr(dloop, "train_draft_opd", fake_rollout_loop(100))
+    s = _session(tmp_path, 240, rollout_prompts=4, rollout_tokens=16, max_blocks=8, lr_opd=1e-4)
+    out = train._train(s, "draft_opd_first_rejection", SimpleNamespace(block_size=4), tmp_path / "first")
+    assert arms.EQUAL_STEPS_ARMS["draft_opd_first_rejection"] == "draft_opd"
+    assert (out["steps"], out["supervised_tokens"], out["topups"]) == (10, 1000, 0)
+    assert out["stopped_at_budget"] is False and out["steps_of"] == "draft_opd"
+    assert out["config"]["steps"] == arms.draft_opd_steps(240, 3, 8) == 10
+    assert out["config"]["rejected_slots"] == "first" and len(pushed) == 11  # a push per step and the final one
+    # the same budget stops draft_opd itself after 3 steps
+    out = train._train(s, "draft_opd", SimpleNamespace(block_size=4), tmp_path / "method")
+    assert out["stopped_at_budget"] is True and out["steps"] == 3 and "steps_of" not in out
 
 
 def test_ticker_logs_the_last_metrics_row(tmp_path: Path):
@@ -290,7 +311,8 @@ def test_merge_only_writes_the_result_from_finished_arms(tmp_path: Path, tiny_dr
     assert res["eval"]["meets_24_prompt_rule"] is True and "git_commit" in res and "--merge-only" in res["command"]
     assert res["live_traffic"] == {"minutes": 15.0, "serving_errors": 0, "source": str(live)}
     assert res["missing_arms"] == ["sft_start", "specopd", "sequential_opd", "draft_opd_no_replay",
-                                   "draft_opd_fkl_only", "draft_opd_rkl_only", "draft_opd_random_anchors"]
+                                   "draft_opd_fkl_only", "draft_opd_rkl_only", "draft_opd_random_anchors",
+                                   "draft_opd_first_rejection"]
     assert out.with_suffix(".png").is_file()
 
 

@@ -8,6 +8,8 @@ an arm supervises (G = block_size - 1 draft slots per block):
                       accepted ones by forward KL, rejected ones by reverse KL; the no-replay ablation labels the
                       same G slots with the rollout text), so ceil(budget / (max_blocks x G)) steps when the
                       rollouts hold at least ``max_blocks`` selectable blocks per step;
+  draft_opd_first_rejection  draft_opd's step count (:data:`EQUAL_STEPS_ARMS`: the same rollouts and target
+                      scoring, fewer supervised slots), no budget stop and no top-ups;
   sequential_opd      verify records x G; records per step ~ rollout_prompts x rollout_tokens / tau, estimated at
                       the start's served T1 tau (``sft_start``'s evaluation; ``SEQUENTIAL_TAU`` before it is
                       measured): the schedule length; the run stops as soon as the budget is reached.
@@ -26,7 +28,7 @@ START = "sft_start"
 BASELINE = "sft_continued"
 # every arm, in the order they run (the baseline first after the start, so paired differences are ready early)
 ARMS = ("sft_start", "sft_continued", "draft_opd", "specopd", "sequential_opd", "draft_opd_no_replay",
-        "draft_opd_fkl_only", "draft_opd_rkl_only", "draft_opd_random_anchors")
+        "draft_opd_fkl_only", "draft_opd_rkl_only", "draft_opd_random_anchors", "draft_opd_first_rejection")
 # Draft-OPD arms: the overrides of DraftOPDConfig (the flags of `specopd train draft-opd`) each one trains with
 DRAFT_OPD_ARMS: Dict[str, Dict[str, object]] = {
     "draft_opd": {},
@@ -34,7 +36,12 @@ DRAFT_OPD_ARMS: Dict[str, Dict[str, object]] = {
     "draft_opd_fkl_only": {"loss": "fkl_only"},
     "draft_opd_rkl_only": {"loss": "rkl_only"},
     "draft_opd_random_anchors": {"anchors": "random"},
+    "draft_opd_first_rejection": {"rejected_slots": "first"},
 }
+# arms that run the step count of another arm instead of the token budget: draft_opd_first_rejection rolls out,
+# replays and has the target score exactly what draft_opd does (equal target compute) but supervises only the
+# accepted slots and the first rejected one, so a token budget would give it ~4x draft_opd's rollouts
+EQUAL_STEPS_ARMS: Dict[str, str] = {"draft_opd_first_rejection": "draft_opd"}
 SEQUENTIAL_TAU = 1.2  # served tau assumed for the sequential arm's step count (as benchmarks/specopd_smollm2.py)
 
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from draft_opd_compare.arms import (BASELINE, DRAFT_OPD_ARMS, SEQUENTIAL_TAU, START, budget_fraction,
-                                    draft_opd_config, sequential_config, specopd_recipe_config)
+from draft_opd_compare.arms import (BASELINE, DRAFT_OPD_ARMS, EQUAL_STEPS_ARMS, SEQUENTIAL_TAU, START,
+                                    budget_fraction, draft_opd_config, sequential_config, specopd_recipe_config)
 
 
 MAX_TOPUPS = 3  # resumptions of a rollout arm whose steps supervised fewer tokens than planned
@@ -68,14 +68,14 @@ def pooled_tau(per_request: Sequence[dict]) -> Optional[float]:
     return sum(int(r["completion_tokens"]) for r in per_request) / verify if verify else None
 
 
-def budget_push(s: Session, arm: str, run_dir: Path) -> Callable[[int, Any], str]:
+def budget_push(s: Session, arm: str, run_dir: Path, enforce: bool = True) -> Callable[[int, Any], str]:
     """``push(step, drafter)`` for a rollout arm: raises :class:`BudgetReached` once ``run_dir``'s counters reach
-    the budget (the loops push at the start of a step, so the stop falls between steps), else hot-swaps the
-    drafter as version ``<arm>-step<N>`` and returns that version."""
+    the budget (the loops push at the start of a step, so the stop falls between steps; never with ``enforce``
+    False), else hot-swaps the drafter as version ``<arm>-step<N>`` and returns that version."""
     from specopd_trainer.pipeline import push_drafter
 
     def push(step: int, drafter) -> str:
-        if counted_tokens(run_dir) >= s.budget_tokens:
+        if enforce and counted_tokens(run_dir) >= s.budget_tokens:
             raise BudgetReached
         version = f"{arm}-step{step}"
         push_drafter(s.url, drafter, version, s.admin_key)
@@ -142,7 +142,8 @@ def _train(s: Session, arm: str, drafter, run_dir: Path) -> Dict[str, Any]:
         summary = train_specopd(drafter, s.client, list(s.train_seqs), run_dir, cfg, progress=False)
         return {"supervised_tokens": summary["supervised_tokens"], "steps": summary["steps"],
                 "config": cfg.model_dump()}
-    push = budget_push(s, arm, run_dir)
+    equal_steps = arm in EQUAL_STEPS_ARMS  # the step count of another arm, not the token budget
+    push = budget_push(s, arm, run_dir, enforce=not equal_steps)
     if arm == "sequential_opd":
         from specopd_trainer.algorithms.sequential_opd.loop import train_sequential_opd as loop
 
@@ -165,7 +166,7 @@ def _train(s: Session, arm: str, drafter, run_dir: Path) -> Dict[str, Any]:
             steps = len((run_dir / "metrics.jsonl").read_text().splitlines())  # log_every 1: a row per step
             break
         tokens = counted_tokens(run_dir)
-        if tokens >= s.budget_tokens or topups >= MAX_TOPUPS or tokens == 0:
+        if equal_steps or tokens >= s.budget_tokens or topups >= MAX_TOPUPS or tokens == 0:
             break
         # fewer tokens per step than planned: resume the run (exact resume from its last checkpoint) for the
         # steps the remaining budget needs at the rate observed so far (at most the planned count again); the LR
@@ -179,6 +180,8 @@ def _train(s: Session, arm: str, drafter, run_dir: Path) -> Dict[str, Any]:
            "stopped_at_budget": stopped, "topups": topups}
     if arm == "sequential_opd":
         out["tau_assumed"] = s.start_tau or SEQUENTIAL_TAU
+    if equal_steps:
+        out["steps_of"] = EQUAL_STEPS_ARMS[arm]
     return out
 
 
@@ -207,7 +210,7 @@ def run_arm(s: Session, arm: str) -> Dict[str, Any]:
     fraction = budget_fraction(trained["supervised_tokens"], s.budget_tokens) if arm != START else None
     s.log(f"[{arm}] {trained['supervised_tokens']} supervised tokens in {wall:.0f} s, {trained['steps']} steps; "
           f"pushed {version}, evaluating")
-    if fraction is not None and not 0.95 <= fraction <= 1.05:
+    if fraction is not None and arm not in EQUAL_STEPS_ARMS and not 0.95 <= fraction <= 1.05:
         s.log(f"[{arm}] WARNING: {fraction:.2f} x the budget (steps too few or too full for it; see arms.py)")
     per_request = evaluate_per_request(s)
     return {**trained, "wall_s": wall if arm != START else None, "version": version, "per_request": per_request,

@@ -22,20 +22,25 @@ from .tree import _check, tree_alpha
 __all__ = ["tree_draft_opd", "block_slot_masks"]
 
 
-def block_slot_masks(accepted: torch.Tensor, g: int, rejected: bool = True) -> tuple:
+def block_slot_masks(accepted: torch.Tensor, g: int, rejected: bool = True, first_rejected_only: bool = False
+                     ) -> tuple:
     """Per-block slot masks from accepted counts.
 
     accepted: int64 ``[N]`` (0..g, the verify step's accepted drafts); g: drafted slots per block. Returns
     ``(accepted_mask, rejected_mask)``, bool ``[N, g]``: slot k (1-based) is accepted when k <= accepted, rejected
     when k > accepted (the first rejected slot accepted + 1 and every slot after it in the block; blocks with
-    accepted = g have none). ``rejected=False`` leaves the rejected mask empty. Raises ValueError for counts
-    outside [0, g].
+    accepted = g have none). ``rejected=False`` leaves the rejected mask empty; ``first_rejected_only`` keeps only
+    slot accepted + 1 in it (for a drafter whose slots do not see the drafted tokens before them, e.g. DFlash: the
+    target's p after a rejection conditions on a prefix the drafter never serves from). Raises ValueError for
+    counts outside [0, g].
     """
     if accepted.dim() != 1 or (accepted.numel() and (int(accepted.min()) < 0 or int(accepted.max()) > g)):
         raise ValueError(f"accepted counts must be a 1-D tensor in [0, {g}]")
     k = torch.arange(g, device=accepted.device)[None, :]
     acc = k < accepted[:, None]
-    return acc, (~acc if rejected else torch.zeros_like(acc))
+    if not rejected:
+        return acc, torch.zeros_like(acc)
+    return acc, (k == accepted[:, None]) if first_rejected_only else ~acc
 
 
 def tree_draft_opd(target_rows, draft_logits, row_draft, row_index, with_alpha: bool = True, *,

@@ -28,6 +28,11 @@ class DraftOPDConfig(f.TrainConfig):
     loss: Literal["mixed", "fkl_only", "rkl_only"] = Field(
         default="mixed", description="mixed: forward KL on accepted slots, reverse KL on rejected ones (the "
                                      "paper's); fkl_only / rkl_only: one direction on both (the ablations)")
+    rejected_slots: Literal["all", "first"] = Field(
+        default="all", description="Rejected slots the reverse-KL term covers: all (the first rejected slot and every "
+                                   "slot after it, the paper's) or first (only the first rejected one: a DFlash "
+                                   "drafter predicts every slot from the anchor alone, so after a rejection the "
+                                   "target's p conditions on drafted tokens the drafter never serves from)")
     gamma: float = Field(default=0.8, gt=0, le=1, description="Rejected slot k weighs gamma^(k-1).")
     lambda_acc: float = Field(default=1.0, ge=0, description="Weight of the accepted-slot term.")
     lambda_rej: float = Field(default=1.0, ge=0, description="Weight of the rejected-slot term.")

@@ -99,7 +99,8 @@ def train_draft_opd(drafter, client, prompts: Sequence[List[int]], run_dir: str 
         rollout_s = time.monotonic() - t0
         if cfg.replay:
             loss, m = draft_opd_step(drafter, client, selected, layer_ids, loss=cfg.loss, gamma=cfg.gamma,
-                                     lambda_acc=cfg.lambda_acc, lambda_rej=cfg.lambda_rej, head_dtype=cfg.head_dtype)
+                                     lambda_acc=cfg.lambda_acc, lambda_rej=cfg.lambda_rej, head_dtype=cfg.head_dtype,
+                                     rejected_slots=cfg.rejected_slots)
         else:
             loss, m = sft_step(drafter, client, selected, layer_ids, gamma_decay=cfg.sft_gamma_decay)
         loss.backward()

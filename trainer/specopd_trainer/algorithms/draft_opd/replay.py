@@ -72,11 +72,14 @@ def rollout_stats(rollouts: List[TracedRollout], g: int) -> Dict:
 
 def draft_opd_step(drafter, client, selected: Selected, layer_ids: List[int], *, loss: str = "mixed",
                    gamma: float = 0.8, lambda_acc: float = 1.0, lambda_rej: float = 1.0,
-                   head_dtype: str = "bfloat16") -> Tuple[torch.Tensor, Dict]:
+                   head_dtype: str = "bfloat16", rejected_slots: str = "all") -> Tuple[torch.Tensor, Dict]:
     """The Draft-OPD loss on ``selected`` blocks (one ``score_trees`` call, one tree loss over all blocks); returns
     (loss fp32 scalar with graph, metrics: ``blocks``, ``accepted_tokens``, ``rejected_tokens``,
-    ``step_supervised_tokens``, ``est_tau`` (from the replayed blocks' alpha), ``score_s``, ``loss_s``).
-    ``loss``: mixed | fkl_only | rkl_only. Raises ValueError for an empty ``selected`` or an unknown ``loss``."""
+    ``step_supervised_tokens`` (slots in the loss), ``step_scored_tokens`` (blocks x G: slots the target scored),
+    ``est_tau`` (from the replayed blocks' alpha), ``score_s``, ``loss_s``).
+    ``loss``: mixed | fkl_only | rkl_only. ``rejected_slots``: all (the paper's) | first (only the first rejected slot
+    of a block is supervised; the target still scores the whole block). Raises ValueError for an empty
+    ``selected``, an unknown ``loss`` or ``rejected_slots``."""
     from specopd_kernels.losses import expected_acceptance_length, tree_loss_and_alpha
     from specopd_kernels.losses.draft_opd_tree import block_slot_masks
     from specopd_trainer.algorithms.sequential_opd.rollouts import (block_rows, pack_recorded_blocks,
@@ -84,6 +87,8 @@ def draft_opd_step(drafter, client, selected: Selected, layer_ids: List[int], *,
 
     if loss not in KL_DIRECTIONS:
         raise ValueError(f"loss must be one of {sorted(KL_DIRECTIONS)}, got {loss!r}")
+    if rejected_slots not in ("all", "first"):
+        raise ValueError(f"rejected_slots must be 'all' or 'first', got {rejected_slots!r}")
     if not selected:
         raise ValueError("no blocks to replay")
     g = drafter.block_size - 1
@@ -101,7 +106,7 @@ def draft_opd_step(drafter, client, selected: Selected, layer_ids: List[int], *,
         q_parts.append(q)
         rows, qs = rows + p_rows.shape[0], qs + q.shape[0]
     accepted = torch.tensor([min(x.accepted, g) for _, recs in selected for x in recs], dtype=torch.long)
-    acc_mask, rej_mask = block_slot_masks(accepted, g)
+    acc_mask, rej_mask = block_slot_masks(accepted, g, first_rejected_only=rejected_slots == "first")
     acc_kl, rej_kl = KL_DIRECTIONS[loss]
     value, alpha = tree_loss_and_alpha(
         "draft_opd", torch.cat(p_parts), torch.cat(q_parts), torch.cat(draft_idx), torch.cat(row_idx),
@@ -110,7 +115,7 @@ def draft_opd_step(drafter, client, selected: Selected, layer_ids: List[int], *,
                  "rejected_kl": rej_kl})
     n_acc, n_rej = int(acc_mask.sum()), int(rej_mask.sum())
     return value, {"blocks": len(accepted), "accepted_tokens": n_acc, "rejected_tokens": n_rej,
-                   "step_supervised_tokens": n_acc + n_rej,
+                   "step_supervised_tokens": n_acc + n_rej, "step_scored_tokens": len(accepted) * g,
                    "est_tau": float(expected_acceptance_length(alpha)[1].mean()), "score_s": t1 - t0,
                    "loss_s": time.monotonic() - t1}
 
