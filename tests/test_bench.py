@@ -683,12 +683,33 @@ def test_results_summary_reads_the_new_result_files() -> None:
                                               "this_run": {"generate_tokens_per_s": 210.0}},
         "draft_opd_live_traffic_smollm2_cpu.json": {"live_traffic": {
             "minutes": 15, "tau_before": 1.25, "tau_after": 1.31, "pushes": 7, "serving_errors": 0,
-            "requests_served": 420}},
+            "requests_served": 420}, "tau_change": {"mean": 0.06, "ci95": [-0.1, 0.2]}},
     }
     text = "\n".join(results_summary(results))
     assert "at concurrency 1 / 8: plain serving 1.00x / 1.50x, SPECOPD 1.04x / 1.25x" in text
     assert "123,456 target response tokens" in text and "math 123,456" in text and "210 response" in text
     assert "420 requests served, 7 hot pushes, 0 serving errors; traffic tau 1.250 before training -> 1.310" in text
+    assert "1.310 at the end, change +0.060 [-0.100, +0.200] (different requests" in text
+
+
+def test_results_summary_reads_the_draft_opd_comparison() -> None:
+    """Each finished arm's T0 tau with its interval, the paired difference to continued SFT (flagged when inside
+    the noise), T1, and the arms not run yet."""
+    from sglang_specopd.app.bench.report_summary import results_summary
+
+    data = {"arms": ["sft_continued", "draft_opd", "specopd"], "budget_target_tokens": 14336,
+            "acceptance": {"sft_continued": {"T0": {"mean": 1.7, "ci95": [1.6, 1.8]}, "T1": {"mean": 1.4}},
+                           "draft_opd": {"T0": {"mean": 1.65, "ci95": [1.55, 1.75]}, "T1": {"mean": 1.35}},
+                           "specopd": {"T0": {"error": "no verify steps"}, "T1": {}}},
+            "paired_diff_vs_sft_continued": {"draft_opd": {"T0": {"mean": -0.05, "ci95": [-0.1, 0.01],
+                                                                  "inside_noise": True}}},
+            "missing_arms": ["sequential_opd"]}
+    text = "\n".join(results_summary({"draft_opd_smollm2_cpu.json": data}))
+    assert "(`draft_opd_smollm2_cpu.json`)" in text and "budget 14,336 supervised draft tokens" in text
+    assert "sft_continued 1.700 [1.600, 1.800], T1 1.400; draft_opd 1.650 [1.550, 1.750] (vs continued SFT " \
+           "-0.050 [-0.100, +0.010], inside the noise), T1 1.350. Not run yet: sequential_opd." in text
+    assert "specopd" not in text.split("Not run yet")[0]  # an arm whose T0 failed is left out
+    assert results_summary({"draft_opd_smollm2_cpu.json": {"arms": []}})[-1] == "No result file yet."
 
 
 def test_results_summary_reads_the_cpu_dtype_file() -> None:

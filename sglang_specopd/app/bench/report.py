@@ -31,7 +31,8 @@ KNOWN_FILES = ("serve_smollm2_cpu.json", "sft_smollm2_cpu.json", "sft_smollm2_bi
 # read when present, no "skipped" note when absent (results of work in progress)
 OPTIONAL_FILES = ("cpu_dtype_cpu.json", "cpu_attention_smollm2_cpu.json", "reference_corpus_smollm2_cpu.json",
                   "reference_drafter_smollm2_cpu.json", "tree_scoring_gdn_cpu.json", "tree_scoring_qsa_cpu.json",
-                  "draft_opd_live_traffic_smollm2_cpu.json", "verify_cost_smollm2_cpu.json")
+                  "draft_opd_live_traffic_smollm2_cpu.json", "verify_cost_smollm2_cpu.json",
+                  "draft_opd_smollm2_cpu.json")
 CONCURRENCY_GLOB = "concurrency_*.json"
 SWEEP_GLOB = "specopd_sweep*_smollm2_cpu.json"
 DOMAIN_ORDER = ("dialogue", "coding", "math", "agentic")

@@ -294,16 +294,6 @@ def _cpu_dtype(name: str, data: Mapping[str, Any]) -> List[str]:
             f"{threads} threads, so `dtype: auto` serves {data.get('auto_dtype', '?')} here."]
 
 
-def _live_traffic(name: str, data: Mapping[str, Any]) -> List[str]:
-    lt = data.get("live_traffic") or data
-    if not _num(lt.get("tau_before")):
-        return []
-    return [f"- **Draft-OPD on live traffic** (`{name}`): {_f(lt.get('minutes'), 0)} min of traffic, "
-            f"{_int(lt.get('requests_served'))} requests served, {lt.get('pushes', '?')} hot pushes, "
-            f"{lt.get('serving_errors', '?')} serving errors; traffic tau {_f(lt.get('tau_before'), 3)} before training "
-            f"-> {_f(lt.get('tau_after'), 3)} at the end (different requests in each window: not a paired comparison)."]
-
-
 def results_summary(results: Mapping[str, Mapping[str, Any]], results_dir: str = "benchmarks/results") -> List[str]:
     """Markdown lines: a short preface and one headline item per result file present (see the module doc)."""
     lines = [f"Headline numbers, each read from the file it names in `{results_dir}/` (which records the command, "
@@ -322,9 +312,12 @@ def results_summary(results: Mapping[str, Mapping[str, Any]], results_dir: str =
     if "serve_smollm2_cpu.json" in results:
         items += _greedy_identity("serve_smollm2_cpu.json", results["serve_smollm2_cpu.json"])
     items += _sft(("sft_smollm2_cpu.json", "sft_smollm2_big_cpu.json"), results)
+    from sglang_specopd.app.bench.report_summary_opd import _draft_opd_comparison, _live_traffic
+
     for name, fn in (("cpu_dtype_cpu.json", _cpu_dtype), ("cpu_attention_smollm2_cpu.json", _cpu_attention),
                      ("reference_corpus_smollm2_cpu.json", _corpus),
                      ("reference_drafter_smollm2_cpu.json", _reference_drafter),
+                     ("draft_opd_smollm2_cpu.json", _draft_opd_comparison),
                      ("draft_opd_live_traffic_smollm2_cpu.json", _live_traffic)):
         if name in results:
             items += fn(name, results[name])

@@ -1,0 +1,53 @@
+"""Results-summary items of the Draft-OPD result files (the comparison of arms and the live-traffic run); part of
+:func:`sglang_specopd.app.bench.report_summary.results_summary`, same rules: every number read from the file the
+item names, a missing key leaves the item out."""
+
+from __future__ import annotations
+
+from typing import Any, List, Mapping
+
+from sglang_specopd.app.bench.report_sections import _f
+from sglang_specopd.app.bench.report_summary import _int, _num
+
+
+def _draft_opd_comparison(name: str, data: Mapping[str, Any]) -> List[str]:
+    acc = data.get("acceptance") or {}
+    arms = [a for a in data.get("arms") or [] if _num(((acc.get(a) or {}).get("T0") or {}).get("mean"))]
+    if not arms:
+        return []
+    diffs = data.get("paired_diff_vs_sft_continued") or {}
+
+    def one(arm: str) -> str:
+        t0, t1 = acc[arm]["T0"], (acc[arm].get("T1") or {})
+        lo, hi = t0.get("ci95") or [float("nan")] * 2
+        text = f"{arm} {_f(t0['mean'], 3)} [{_f(lo, 3)}, {_f(hi, 3)}]"
+        d = (diffs.get(arm) or {}).get("T0") or {}
+        if _num(d.get("mean")):
+            dlo, dhi = d.get("ci95") or [float("nan")] * 2
+            text += (f" (vs continued SFT {d['mean']:+.3f} [{dlo:+.3f}, {dhi:+.3f}]"
+                     f"{', inside the noise' if d.get('inside_noise') else ''})")
+        return text + (f", T1 {_f(t1['mean'], 3)}" if _num(t1.get("mean")) else "")
+
+    missing = data.get("missing_arms") or []
+    return [f"- **Draft-OPD comparison** (`{name}`): served held-out tau at T0 (mean of the 4 domains, 95% bootstrap "
+            f"interval; paired difference to continued SFT on the same prompts), budget "
+            f"{_int(data.get('budget_target_tokens'))} supervised draft tokens per arm from one SFT start: "
+            + "; ".join(one(a) for a in arms) + (f". Not run yet: {', '.join(missing)}." if missing else ".")]
+
+
+def _live_traffic(name: str, data: Mapping[str, Any]) -> List[str]:
+    lt = data.get("live_traffic") or data
+    if not _num(lt.get("tau_before")):
+        return []
+    return [f"- **Draft-OPD on live traffic** (`{name}`): {_f(lt.get('minutes'), 0)} min of traffic, "
+            f"{_int(lt.get('requests_served'))} requests served, {lt.get('pushes', '?')} hot pushes, "
+            f"{lt.get('serving_errors', '?')} serving errors; traffic tau {_f(lt.get('tau_before'), 3)} before training "
+            f"-> {_f(lt.get('tau_after'), 3)} at the end{_change(data.get('tau_change'))} (different requests in each "
+            "window: not a paired comparison)."]
+
+
+def _change(d: Any) -> str:
+    if not isinstance(d, Mapping) or not _num(d.get("mean")):
+        return ""
+    lo, hi = d.get("ci95") or [float("nan")] * 2
+    return f", change {d['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
