@@ -22,6 +22,16 @@ def _f(x: Any, digits: int = 2, scale: float = 1.0, suffix: str = "") -> str:
     return f"{x * scale:.{digits}f}{suffix}" if isinstance(x, (int, float)) and not isinstance(x, bool) else "-"
 
 
+def _num(x: Any) -> bool:
+    """A real number (int or float, not bool)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _int(x: Any) -> str:
+    """An integer count with thousands separators (``229,376``); other values as they are."""
+    return f"{x:,}" if isinstance(x, int) and not isinstance(x, bool) else str(x)
+
+
 def _specopd_throughput(data: Mapping) -> List[str]:
     """Supervised tokens/s of SpecOPD vs sequential-rollout OPD, three ways when the file has them."""
     rows = [("end to end (whole training loop)", "supervised_tokens_per_s"),

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from typing import Any, List, Mapping
 
-from sglang_specopd.app.bench.report_sections import _f
-from sglang_specopd.app.bench.report_summary import _int, _num
+from sglang_specopd.app.bench.report_sections import _f, _int, _num
 
 
 def _draft_opd_comparison(name: str, data: Mapping[str, Any]) -> List[str]:
