@@ -19,7 +19,9 @@ target responses generated through the same server at T=0 (lossless speculative 
 cached in ``--refs-dir``; the rollout arms roll out their prompts. Each finished arm is kept in ``--run-dir``
 (``arms/<arm>.json``, ``drafter-<arm>/``): a re-run skips finished arms (``--redo`` retrains the selected ones) and
 ``--arms`` selects a subset; the result file merges every finished arm of the run directory (all with the same
-start, budget and evaluation settings: ``setup.json``). Writes ``benchmarks/results/draft_opd_smollm2_cpu.json``
+start, budget and evaluation settings: ``setup.json``). Run directories are not committed: on a new machine
+``--restore-from benchmarks/results/draft_opd_smollm2_cpu.json`` seeds one with the arms of the committed result
+(refused if it was made with another start, budget, evaluation or references), so only new arms train. Writes ``benchmarks/results/draft_opd_smollm2_cpu.json``
 (per arm tau per domain and overall with 95% bootstrap intervals, paired difference to continued SFT, supervised
 tokens / s, wall time) and a PNG beside it::
 
@@ -87,6 +89,9 @@ def parse_args(argv=None):
     ap.add_argument("--redo", action="store_true", help="retrain the selected arms even if finished")
     ap.add_argument("--fresh", action="store_true", help="remove the run directory's arms and setup first")
     ap.add_argument("--merge-only", action="store_true", help="write the result from the finished arms only")
+    ap.add_argument("--restore-from", default=None, metavar="RESULT",
+                    help="first seed the run directory with the arms of a committed result file of this comparison "
+                         "(same start, budget, evaluation and references; arms already in the run directory win)")
     return ap.parse_args(argv)
 
 
@@ -129,7 +134,7 @@ def main(argv=None) -> int:
 
 
 def run(args, arms: list) -> int:
-    from draft_opd_compare.store import check_setup, finished_arms, save_arm
+    from draft_opd_compare.store import check_setup, finished_arms, restore_arms, save_arm
     from draft_opd_compare.train import pooled_tau, run_arm
 
     from sglang_specopd.app.models import sha256_file
@@ -140,7 +145,14 @@ def run(args, arms: list) -> int:
         (run_dir / "setup.json").unlink(missing_ok=True)
     start = Path(args.start).expanduser().resolve()
     start_sha = sha256_file(start / "model.safetensors")
-    check_setup(run_dir, setup_of(args, start_sha))
+    setup = setup_of(args, start_sha)
+    check_setup(run_dir, setup)
+    if args.restore_from:
+        path = Path(args.restore_from)
+        if not path.is_file():
+            raise CompareError(f"--restore-from {args.restore_from}: no such result file")
+        restored = restore_arms(run_dir, json.loads(path.read_text()), setup)
+        print(f"draft_opd_smollm2: restored {restored or '(none)'} from {path}", file=sys.stderr)
     done = finished_arms(run_dir)
     todo = [] if args.merge_only else [a for a in arms if args.redo or a not in done]
     print(f"draft_opd_smollm2: arms to run {todo or '(none)'}; finished {sorted(done)}", file=sys.stderr)

@@ -316,6 +316,38 @@ def test_merge_only_writes_the_result_from_finished_arms(tmp_path: Path, tiny_dr
     assert out.with_suffix(".png").is_file()
 
 
+def test_restore_from_a_result_seeds_the_missing_arms(tmp_path: Path, tiny_drafter: Path, monkeypatch):
+    """--restore-from: the arms of a committed result come back into a new run directory (same numbers when merged
+    again); arms already finished there win; a result made with another budget is refused with one line."""
+    run, out, out2 = tmp_path / "run", tmp_path / "res" / "r.json", tmp_path / "res2" / "r.json"
+    monkeypatch.setattr(MOD, "DOMAINS", DOMAINS)
+    base = {"a": [(10, 5), (6, 3)], "b": [(9, 3), (12, 4)]}
+    store.save_arm(run, "sft_continued", {**_arm(base, 896, 8.0), "budget_fraction": 1.0, "steps": 1})
+    store.save_arm(run, "draft_opd", {**_arm({"a": [(12, 5), (9, 3)], "b": [(12, 3), (12, 4)]}, 1000, 4.0),
+                                      "budget_fraction": 1.1, "steps": 2, "topups": 1})
+    argv = ["--start", str(tiny_drafter), "--merge-only", "--live-traffic-result", str(tmp_path / "none.json")]
+    assert MOD.main(argv + ["--run-dir", str(run), "--out", str(out)]) == 0
+    first = json.loads(out.read_text())
+    new_run = tmp_path / "new_run"  # a new machine: no run directory, only the result; one arm re-run there
+    store.save_arm(new_run, "draft_opd", {**_arm(base, 7, 1.0), "budget_fraction": 0.5, "steps": 9})
+    assert MOD.main(argv + ["--run-dir", str(new_run), "--out", str(out2), "--restore-from", str(out)]) == 0
+    restored = store.finished_arms(new_run)
+    assert restored["sft_continued"]["per_request"] == first["per_request"]["sft_continued"]
+    assert restored["sft_continued"]["steps"] == 1 and restored["sft_continued"]["wall_s"] == 8.0
+    assert restored["sft_continued"]["restored_from"] == first["git_commit"]
+    assert restored["draft_opd"]["steps"] == 9  # finished in the run directory: not replaced
+    second = json.loads(out2.read_text())
+    assert second["acceptance"]["sft_continued"] == first["acceptance"]["sft_continued"]
+    assert second["paired_diff_vs_sft_continued"]["draft_opd"]["T0"]["mean"] == 0.0  # the re-run arm's rows
+    other = tmp_path / "other"
+    rc = MOD.main(argv + ["--run-dir", str(other), "--out", str(out2), "--restore-from", str(out),
+                          "--budget-tokens", "7"])
+    assert rc == 2 and not (other / "arms").exists()
+    with pytest.raises(store.SetupMismatchError, match=r"\(budget_tokens\)"):
+        store.restore_arms(other, first, {**json.loads((run / "setup.json").read_text()), "budget_tokens": 7})
+    assert MOD.main(argv + ["--run-dir", str(other), "--restore-from", str(tmp_path / "missing.json")]) == 2
+
+
 @pytest.mark.server
 def test_two_arms_end_to_end_on_the_tiny_target(tiny_serving_target: Path, tiny_drafter: Path, tmp_path: Path):
     """~2-4 min: a tiny fp32 SPECOPD server; continued SFT and Draft-OPD from the tiny drafter at a 48-token budget,

@@ -119,3 +119,38 @@ def floors(measured: Mapping[str, Any]) -> Dict[str, Any]:
 def missing_arms(selected: Sequence[str], results: Mapping[str, Any]) -> List[str]:
     """Arms of ``selected`` without a finished result."""
     return [a for a in selected if a not in results]
+
+
+# what a result file must agree on with this run's setup before its arms are restored: (result key path, setup key)
+_RESTORE_CHECKS = ((("start", "sha256"), "start_sha256"), (("budget_target_tokens",), "budget_tokens"),
+                   (("eval", "limit_per_domain"), "eval_limit"), (("eval", "max_new_tokens"), "eval_max_new_tokens"),
+                   (("references", "offset"), "refs_offset"), (("references", "per_domain"), "refs_per_domain"))
+_ARM_KEYS = ("supervised_tokens", "steps", "config", "wall_s", "budget_fraction", "topups")
+
+
+def restore_arms(run_dir: Path, result: Mapping[str, Any], setup: Mapping[str, Any]) -> List[str]:
+    """Seed ``RUN/arms/`` from a committed result file of this comparison (run directories are not committed, so a
+    new machine has only the result): every arm of ``result`` with ``per_request`` rows and no finished result in
+    ``run_dir`` is written back as ``arms/<arm>.json`` (its rows, supervised tokens, steps, config, wall time,
+    budget fraction, top-ups; ``restored_from`` the result's commit). Returns the restored arms in :data:`ARMS`
+    order. Raises :class:`SetupMismatchError` naming the settings (start sha256, budget, evaluation prompts and
+    length, references) on which the result differs from ``setup`` -- such arms cannot be merged."""
+    diff = []
+    for keys, name in _RESTORE_CHECKS:
+        value: Any = result
+        for k in keys:
+            value = value.get(k) if isinstance(value, Mapping) else None
+        if value != setup.get(name):
+            diff.append(name)
+    if diff:
+        raise SetupMismatchError(f"the result to restore was made with other settings ({', '.join(diff)})")
+    done = finished_arms(run_dir)
+    rows = result.get("per_request") or {}
+    restored = []
+    for arm in ARMS:
+        if arm in done or arm not in rows:
+            continue
+        rec = {k: (result.get(k) or {}).get(arm) for k in _ARM_KEYS if arm in (result.get(k) or {})}
+        save_arm(run_dir, arm, {**rec, "per_request": rows[arm], "restored_from": result.get("git_commit")})
+        restored.append(arm)
+    return restored
