@@ -76,9 +76,14 @@ def parse_args(argv=None):
     ap.add_argument("--rollout-tokens", type=int, default=64, help="rollout arms: new tokens per rollout")
     ap.add_argument("--max-blocks", type=int, default=256, help="Draft-OPD arms: most replayed blocks per step")
     ap.add_argument("--lr-sft", type=float, default=1e-3, help="continued SFT's peak LR")
-    ap.add_argument("--lr-opd", type=float, default=3e-4, help="Draft-OPD and sequential OPD's peak LR "
-                                                               "(SpecOPD uses its recipe's)")
+    ap.add_argument("--lr-opd", type=float, default=3e-4, help="Draft-OPD and sequential OPD's peak LR")
+    ap.add_argument("--lr-specopd", type=float, default=None, help="SpecOPD's peak LR (default: its recipe's)")
     ap.add_argument("--eval-limit", type=int, default=MIN_EVAL_PROMPTS, help="held-out prompts per domain")
+    ap.add_argument("--eval-split", choices=("eval", "validation"), default="eval",
+                    help="measure on the held-out EVAL split (the comparison) or on VALIDATION prompts (train-split "
+                         "prompts [--val-offset, --val-offset + --eval-limit) per domain, outside the references): "
+                         "the tuning sweep chooses settings there, never on the eval split")
+    ap.add_argument("--val-offset", type=int, default=100, help="first train-split prompt per domain of validation")
     ap.add_argument("--eval-max-new-tokens", type=int, default=96)
     ap.add_argument("--eval-concurrency", type=int, default=8)
     ap.add_argument("--server-threads", type=int, default=2)
@@ -107,6 +112,14 @@ def check_options(args) -> list:
             raise CompareError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.rollout_tokens < 2 or args.eval_max_new_tokens < 2:
         raise CompareError("--rollout-tokens and --eval-max-new-tokens must be >= 2")
+    if args.lr_specopd is not None and args.lr_specopd <= 0:
+        raise CompareError(f"--lr-specopd must be > 0, got {args.lr_specopd}")
+    if args.eval_split == "validation":
+        val = (args.val_offset, args.val_offset + args.eval_limit)
+        refs = (args.refs_offset, args.refs_offset + args.refs_per_domain)
+        if args.val_offset < 0 or (val[0] < refs[1] and refs[0] < val[1]):
+            raise CompareError(f"validation prompts [{val[0]}, {val[1]}) overlap the training references "
+                               f"[{refs[0]}, {refs[1]}) (or start below 0): choose another --val-offset")
     return arms
 
 
@@ -116,7 +129,11 @@ def setup_of(args, start_sha: str) -> dict:
             "eval_limit": args.eval_limit, "eval_max_new_tokens": args.eval_max_new_tokens,
             "refs_offset": args.refs_offset, "refs_per_domain": args.refs_per_domain,
             "rollout_prompts": args.rollout_prompts, "rollout_tokens": args.rollout_tokens,
-            "max_blocks": args.max_blocks, "lr_sft": args.lr_sft, "lr_opd": args.lr_opd}
+            "max_blocks": args.max_blocks, "lr_sft": args.lr_sft, "lr_opd": args.lr_opd,
+            # keys of later options only when set, so run directories made before them still match
+            **({"eval_split": "validation", "val_offset": args.val_offset} if args.eval_split == "validation"
+               else {}),
+            **({"lr_specopd": args.lr_specopd} if args.lr_specopd is not None else {})}
 
 
 def main(argv=None) -> int:
@@ -223,7 +240,10 @@ def write(args, start: Path, start_sha: str, results: dict) -> int:
         "topups": {a: r.get("topups") for a, r in results.items() if "topups" in r},
         "configs": {a: r.get("config") for a, r in results.items()},
         "eval": {"limit_per_domain": args.eval_limit, "max_new_tokens": args.eval_max_new_tokens,
-                 "temperatures": [0.0, 1.0], "meets_24_prompt_rule": args.eval_limit >= MIN_EVAL_PROMPTS},
+                 "temperatures": [0.0, 1.0], "split": args.eval_split,
+                 **({"offset": args.val_offset} if args.eval_split == "validation" else {}),
+                 "meets_24_prompt_rule": args.eval_split == "eval" and args.eval_limit >= MIN_EVAL_PROMPTS},
+        "lr": {"sft_continued": args.lr_sft, "opd": args.lr_opd, "specopd": args.lr_specopd or "recipe"},
         "references": {"dir": args.refs_dir, "split": "train", "offset": args.refs_offset,
                        "per_domain": args.refs_per_domain},
         "server": {"config": args.config, "cpu_threads": args.server_threads},

@@ -268,7 +268,11 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, capsys, tiny_drafter: P
              (["--start", str(tiny_drafter), "--budget-tokens", "0"], "--budget-tokens must be >= 1"),
              (["--start", str(tiny_drafter), "--eval-limit", "0"], "--eval-limit must be >= 1"),
              (["--start", str(tiny_drafter), "--rollout-tokens", "1"], "--rollout-tokens"),
-             (["--start", str(tiny_drafter), "--budget-tokens", "x"], "invalid int value")]
+             (["--start", str(tiny_drafter), "--budget-tokens", "x"], "invalid int value"),
+             (["--start", str(tiny_drafter), "--lr-specopd", "0"], "--lr-specopd must be > 0"),
+             (["--start", str(tiny_drafter), "--eval-split", "validation", "--val-offset", "100", "--eval-limit",
+               "9"], "validation prompts [100, 109) overlap the training references [108, 168)"),
+             (["--start", str(tiny_drafter), "--eval-split", "test"], "invalid choice")]
     for argv, msg in cases:
         assert _exit_code(argv + ["--out", str(out), "--run-dir", str(tmp_path / "run")]) == 2, argv
         err = capsys.readouterr().err
@@ -279,6 +283,44 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, capsys, tiny_drafter: P
     err = capsys.readouterr().err
     assert "was made with other settings" in err and "\n" not in err.strip()
     assert not out.exists()
+
+
+def test_validation_split_and_specopd_lr(tmp_path: Path, monkeypatch):
+    """--eval-split validation measures on train-split prompts [val_offset, val_offset + eval_limit) per domain
+    (never the eval split); --lr-specopd reaches the SpecOPD arm's config; both enter the run's setup only when
+    set (run directories made before them still match)."""
+    import specopd_trainer.evaluate as evaluate
+    from specopd_trainer.pipeline import train_split_records
+
+    seen = []
+
+    def fake_eval(url, tok, domains, *, temperature, limit, max_new_tokens, concurrency, records, progress):
+        seen.append((temperature, records, limit))
+        return {"per_request": [], "tau": {}, "mean_tau": 1.0}
+
+    monkeypatch.setattr(evaluate, "evaluate_acceptance", fake_eval)
+    s = _session(tmp_path, 10, eval_split="validation", val_offset=100, eval_limit=2, eval_max_new_tokens=8,
+                 eval_concurrency=1)
+    s.domains = ("dialogue", "math")
+    assert train.evaluate_per_request(s) == {"T0": [], "T1": []}
+    assert [t for t, _, _ in seen] == [0.0, 1.0]
+    records = seen[0][1]
+    assert {d: [r["id"] for r in v] for d, v in records.items()} == {
+        d: [r["id"] for r in train_split_records(100, 2, [d])] for d in ("dialogue", "math")}
+    assert all(len(v) == 2 for v in records.values())
+    seen.clear()
+    s.args = SimpleNamespace(eval_limit=2, eval_max_new_tokens=8, eval_concurrency=1)  # the default: eval split
+    train.evaluate_per_request(s)
+    assert seen[0][1] is None and seen[0][2] == 2
+    base = MOD.parse_args(["--start", "x"])
+    assert "eval_split" not in MOD.setup_of(base, "sha") and "lr_specopd" not in MOD.setup_of(base, "sha")
+    val = MOD.parse_args(["--start", "x", "--eval-split", "validation", "--lr-specopd", "1e-4"])
+    assert MOD.setup_of(val, "sha")["eval_split"] == "validation" and MOD.setup_of(val, "sha")["val_offset"] == 100
+    assert MOD.setup_of(val, "sha")["lr_specopd"] == 1e-4
+    assert arms.specopd_recipe_config(14336, 7, lr=1e-4).lr == 1e-4
+    from specopd_trainer.algorithms.specopd import RECIPE
+
+    assert arms.specopd_recipe_config(14336, 7).lr == RECIPE["lr"]
 
 
 def _exit_code(argv) -> int:

@@ -124,7 +124,8 @@ def missing_arms(selected: Sequence[str], results: Mapping[str, Any]) -> List[st
 # what a result file must agree on with this run's setup before its arms are restored: (result key path, setup key)
 _RESTORE_CHECKS = ((("start", "sha256"), "start_sha256"), (("budget_target_tokens",), "budget_tokens"),
                    (("eval", "limit_per_domain"), "eval_limit"), (("eval", "max_new_tokens"), "eval_max_new_tokens"),
-                   (("references", "offset"), "refs_offset"), (("references", "per_domain"), "refs_per_domain"))
+                   (("references", "offset"), "refs_offset"), (("references", "per_domain"), "refs_per_domain"),
+                   (("eval", "offset"), "val_offset"))
 _ARM_KEYS = ("supervised_tokens", "steps", "config", "wall_s", "budget_fraction", "topups")
 
 
@@ -142,6 +143,12 @@ def restore_arms(run_dir: Path, result: Mapping[str, Any], setup: Mapping[str, A
             value = value.get(k) if isinstance(value, Mapping) else None
         if value != setup.get(name):
             diff.append(name)
+    lr = result.get("lr")  # results before the LR options record theirs only in the arms' configs
+    if isinstance(lr, Mapping):
+        diff += [name for key, name in (("sft_continued", "lr_sft"), ("opd", "lr_opd"))
+                 if lr.get(key) != setup.get(name)]
+        if lr.get("specopd") != (setup.get("lr_specopd") or "recipe"):
+            diff.append("lr_specopd")
     if diff:
         raise SetupMismatchError(f"the result to restore was made with other settings ({', '.join(diff)})")
     done = finished_arms(run_dir)

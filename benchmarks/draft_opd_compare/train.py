@@ -108,15 +108,20 @@ def ticker(s: Session, arm: str, run_dir: Path, every_s: float = 60.0):
 
 
 def evaluate_per_request(s: Session) -> Dict[str, List[dict]]:
-    """The served drafter on the held-out prompts (``--eval-limit`` per domain) at T=0 and T=1: {T0, T1:
+    """The served drafter on the held-out prompts (``--eval-limit`` per domain; with ``--eval-split validation``
+    the train-split prompts ``[--val-offset, --val-offset + --eval-limit)`` instead) at T=0 and T=1: {T0, T1:
     ``per_request`` rows (id, domain, completion_tokens, verify_steps, ...)}."""
     from specopd_trainer.evaluate import evaluate_acceptance
+    from specopd_trainer.pipeline import train_split_records
 
+    records = None  # the eval split
+    if getattr(s.args, "eval_split", "eval") == "validation":
+        records = {d: train_split_records(s.args.val_offset, s.args.eval_limit, [d]) for d in s.domains}
     out = {}
     for temp, key in ((0.0, "T0"), (1.0, "T1")):
         res = evaluate_acceptance(s.url, s.tok, s.domains, temperature=temp, limit=s.args.eval_limit,
                                   max_new_tokens=s.args.eval_max_new_tokens, concurrency=s.args.eval_concurrency,
-                                  progress=False)
+                                  records=records, progress=False)
         out[key] = res["per_request"]
         s.log(f"  {key}: tau {json.dumps({d: round(v, 3) for d, v in res['tau'].items() if v is not None})} "
               f"mean {res['mean_tau']:.3f}")
@@ -137,7 +142,7 @@ def _train(s: Session, arm: str, drafter, run_dir: Path) -> Dict[str, Any]:
     if arm == "specopd":
         from specopd_trainer.algorithms.specopd.loop import train_specopd
 
-        cfg = specopd_recipe_config(s.budget_tokens, g)
+        cfg = specopd_recipe_config(s.budget_tokens, g, lr=getattr(a, "lr_specopd", None))
         s.client.prefix_cache(clear=True)
         summary = train_specopd(drafter, s.client, list(s.train_seqs), run_dir, cfg, progress=False)
         return {"supervised_tokens": summary["supervised_tokens"], "steps": summary["steps"],
