@@ -14,7 +14,9 @@ class ServeConfig(BaseModel):
     ``target`` is a prepared model name (``smollm2``) or a local HF checkpoint directory. ``drafter`` is a DFlash
     drafter directory, ``"default"`` (the drafter ``specopd drafter init`` makes for this target under
     ``$SPECOPD_HOME/drafters``, created on first use), or null for plain autoregressive serving.
-    Relative paths are resolved against the config file's directory.
+    Relative paths are resolved against the config file's directory. ``speculative_algorithm``: SPECOPD (the
+    plugin's worker: DFlash / DFlash V2 drafters, with traces and hot swap), DFLASH, or DSPARK (SGLang's own worker,
+    for DSpark drafters; ``block_size`` B is passed as gamma = B - 1).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -23,7 +25,7 @@ class ServeConfig(BaseModel):
     description: str = ""
     target: str
     drafter: Optional[str] = None
-    speculative_algorithm: Optional[Literal["SPECOPD", "DFLASH"]] = "SPECOPD"
+    speculative_algorithm: Optional[Literal["SPECOPD", "DFLASH", "DSPARK"]] = "SPECOPD"
     block_size: Optional[int] = Field(default=None, ge=2, le=64)
     device: Literal["cpu", "cuda"] = "cuda"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"

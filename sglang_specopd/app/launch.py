@@ -106,7 +106,10 @@ class LaunchSpec:
         if self.drafter_path and self.speculative_algorithm:
             a += ["--speculative-algorithm", self.speculative_algorithm,
                   "--speculative-draft-model-path", self.drafter_path]
-            if self.block_size:
+            if self.block_size and self.speculative_algorithm.upper() == "DSPARK":
+                # DSPARK's block flag is gamma, the drafted tokens per block (the verify block B = gamma + 1)
+                a += ["--speculative-dspark-block-size", str(self.block_size - 1)]
+            elif self.block_size:
                 a += ["--speculative-dflash-block-size", str(self.block_size)]
             if self.device == "cpu":
                 a += ["--speculative-draft-attention-backend", "torch_native"]

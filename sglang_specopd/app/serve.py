@@ -58,16 +58,21 @@ def resolve_drafter(cfg: ServeConfig, target_dir: Path) -> Optional[Path]:
 
 def _check_drafter_algorithm(drafter: Path, algorithm: str) -> None:
     """Raise :class:`DrafterInvalidError` when ``algorithm`` cannot serve the drafter's architecture: SPECOPD
-    serves what SGLang's DFLASH worker serves (``dflash``, ``dflash2``); a ``dspark`` drafter needs DSPARK."""
+    serves what SGLang's DFLASH worker serves (``dflash``, ``dflash2``); a ``dspark`` drafter is served by SGLang's
+    own DSPARK worker (``speculative_algorithm: DSPARK``, on CPU through CPU adaptation 16), which records no
+    SPECOPD acceptance traces."""
     from sglang_specopd.server.algorithm import ALGORITHM_NAME
     from sglang_specopd.wire.drafter_archs import arch_for_spec, load_drafter_spec
 
     arch = arch_for_spec(load_drafter_spec(drafter))
     wanted = "DFLASH" if algorithm.upper() == ALGORITHM_NAME else algorithm.upper()
     if arch.speculative_algorithm != wanted:
+        hint = ""
+        if arch.speculative_algorithm == "DSPARK":
+            hint = "; serve it with speculative_algorithm: DSPARK (SGLang's DSPARK worker, without SPECOPD's traces)"
         raise DrafterInvalidError(
             f"drafter {drafter} is a {arch.label} drafter, served by SGLang's {arch.speculative_algorithm} worker; "
-            f"--speculative-algorithm {algorithm} serves {wanted} drafters only")
+            f"--speculative-algorithm {algorithm} serves {wanted} drafters only{hint}")
 
 
 def launch_spec(cfg: ServeConfig, *, host: str = "127.0.0.1", port: int = 30000, api_key: Optional[str] = None,

@@ -146,7 +146,7 @@ SYMBOLS: Tuple[Symbol, ...] = (
     _s("DFlashDraftModel.load_weights", "sglang.srt.models.dflash", "DFlashDraftModel.load_weights", R,
        ("self", "weights"), used_by="hot_swap"),
     _s("resolving_view", "sglang.srt.arg_groups.overrides", "resolving_view", R, ("server_args",),
-       used_by=("algorithm", "cpu.patches")),
+       used_by=("algorithm", "cpu.patches", "cpu.dspark")),
     _s("handle_speculative_decoding", _SPEC_HOOK, "handle_speculative_decoding", AFTER, ("server_args",),
        used_by="algorithm"),
     _s("_handle_dflash", _SPEC_HOOK, "_handle_dflash", (R, AROUND), ("server_args",),
@@ -287,6 +287,13 @@ SYMBOLS: Tuple[Symbol, ...] = (
         "top_k"), used_by="cpu.dflash2", cpu_only=True),
     _s("dflash._follow_maps", _DFLASH_M, "_follow_maps", AROUND, ("maps", "initial_indices", "edges"),
        used_by="cpu.dflash2", cpu_only=True),
+    # DSpark drafters under SGLang's DSPARK worker on the CPU engine (cpu/dspark.py, adaptation 16)
+    _s("_handle_dspark", _SPEC_HOOK, "_handle_dspark", AROUND, ("server_args",), used_by="cpu.dspark",
+       cpu_only=True),
+    _s("speculative_hook.resolving_view", _SPEC_HOOK, "resolving_view", MP, ("server_args",),
+       used_by="cpu.dspark", cpu_only=True),
+    _s("_disable_overlap_schedule_for_cpu", _SPEC_HOOK, "_disable_overlap_schedule_for_cpu", R, ("server_args",),
+       used_by="cpu.dspark", cpu_only=True),
     # Qwen4-Exp (GDN + QSA) targets on the CPU engine (cpu/qwen4_exp.py, adaptation 13)
     _s("layernorm_gated.RMSNorm.forward", "sglang.kernels.ops.attention.fla.layernorm_gated", "RMSNorm.forward",
        AROUND, ("self", "x", "z"), used_by="cpu.qwen4_exp", cpu_only=True),
