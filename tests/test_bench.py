@@ -712,6 +712,29 @@ def test_results_summary_reads_the_draft_opd_comparison() -> None:
     assert results_summary({"draft_opd_smollm2_cpu.json": {"arms": []}})[-1] == "No result file yet."
 
 
+def test_results_summary_reads_the_draft_opd_sweep_files(tmp_path) -> None:
+    """A Draft-OPD run on validation prompts is headed as a tuning sweep with its prompts and LR, and its arms
+    outside the chosen subset are not listed as "not run yet"; load_results picks the sweep files up by glob."""
+    from sglang_specopd.app.bench.report import load_results
+    from sglang_specopd.app.bench.report_summary import results_summary
+
+    data = {"arms": ["sft_continued", "draft_opd"], "budget_target_tokens": 14336,
+            "lr": {"sft_continued": 3e-5, "opd": 3e-5}, "missing_arms": ["specopd"],
+            "eval": {"split": "validation", "offset": 100, "limit_per_domain": 8},
+            "acceptance": {"sft_continued": {"T0": {"mean": 1.95, "ci95": [1.8, 2.1]}},
+                           "draft_opd": {"T0": {"mean": 1.97, "ci95": [1.82, 2.12]}}},
+            "paired_diff_vs_sft_continued": {"draft_opd": {"T0": {"mean": 0.02, "ci95": [-0.01, 0.05],
+                                                                  "inside_noise": True}}}}
+    (tmp_path / "draft_opd_sweep_lr3e-5_smollm2_cpu.json").write_text(json.dumps(data))
+    results, _ = load_results(tmp_path)
+    text = "\n".join(results_summary(results))
+    assert "**Draft-OPD tuning sweep** (`draft_opd_sweep_lr3e-5_smollm2_cpu.json`): served tau on validation " \
+           "prompts (train split from 100, not held out, 8 per domain)" in text
+    assert "peak LR 3e-05 for every arm: sft_continued 1.950 [1.800, 2.100]; draft_opd 1.970 [1.820, 2.120] " \
+           "(vs continued SFT +0.020 [-0.010, +0.050], inside the noise)." in text
+    assert "Not run yet" not in text
+
+
 def test_results_summary_reads_the_cpu_dtype_file() -> None:
     from sglang_specopd.app.bench.report_summary import results_summary
 
@@ -744,3 +767,15 @@ def test_results_summary_reads_the_reference_drafter_and_a_features_only_corpus_
             and "24+ prompts per domain) T0 1.812 [1.750, 1.870], T1 1.500 [1.450, 1.551]" in text), text
     assert "fetched the context features of 1,399,089 tokens at 381 tokens/s; features cached for 2,556" in text
     assert "generated 0 response" not in text
+
+
+def test_acceptance_series_leaves_validation_runs_out() -> None:
+    """The per-domain acceptance plot shows held-out results only: a run on validation prompts adds no series."""
+    from sglang_specopd.app.bench.report import acceptance_series
+
+    taus = {"dialogue": 1.5, "coding": 1.6, "math": 1.7, "agentic": 1.8}
+    held_out = {"acceptance": {"sft_continued": {"T0": taus}}, "eval": {"split": "eval"}}
+    validation = {"acceptance": {"sft_continued": {"T0": taus}}, "eval": {"split": "validation"}}
+    series = acceptance_series({"draft_opd_smollm2_cpu.json": held_out,
+                                "draft_opd_sweep_lr3e-5_smollm2_cpu.json": validation})
+    assert series == {"draft_opd_smollm2_cpu: sft_continued (T=0)": taus}

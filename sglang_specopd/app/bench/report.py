@@ -35,6 +35,8 @@ OPTIONAL_FILES = ("cpu_dtype_cpu.json", "cpu_attention_smollm2_cpu.json", "refer
                   "draft_opd_smollm2_cpu.json")
 CONCURRENCY_GLOB = "concurrency_*.json"
 SWEEP_GLOB = "specopd_sweep*_smollm2_cpu.json"
+# Draft-OPD comparisons beside the main one: the LR sweep on validation prompts and held-out runs at another LR
+DRAFT_OPD_GLOBS = ("draft_opd_sweep*_smollm2_cpu.json", "draft_opd_lr*_smollm2_cpu.json")
 DOMAIN_ORDER = ("dialogue", "coding", "math", "agentic")
 
 
@@ -59,6 +61,7 @@ def load_results(results_dir: Path) -> Tuple[Dict[str, Dict[str, Any]], List[str
         notes.append(f"`{CONCURRENCY_GLOB}`: no file in {results_dir} (skipped)")
     sweeps = sorted(results_dir.glob(SWEEP_GLOB)) if results_dir.is_dir() else []
     optional = [results_dir / n for n in OPTIONAL_FILES if (results_dir / n).is_file()]
+    optional += sorted(p for g in DRAFT_OPD_GLOBS for p in (results_dir.glob(g) if results_dir.is_dir() else ()))
     for path in conc + [results_dir / n for n in KNOWN_FILES] + sweeps + optional:
         if not path.is_file():
             notes.append(f"`{path.name}`: not present (skipped)")
@@ -215,12 +218,15 @@ def _tree_scoring_section(name: str, tree) -> list:
 
 
 def acceptance_series(results: Mapping[str, Mapping[str, Any]]) -> Dict[str, Dict[str, float]]:
-    """``{series label: {domain: tau}}`` from every result with per-domain acceptance (T0 where there is a choice)."""
+    """``{series label: {domain: tau}}`` from every held-out result with per-domain acceptance (T0 where there is a
+    choice; runs on validation prompts are left out)."""
     series: Dict[str, Dict[str, float]] = {}
     for name, data in results.items():
         if name.startswith("concurrency_"):
             taus = _get(data, "acceptance", "acceptance_per_domain") or {}
             series[f"{name[:-5]} (T={data.get('temperature', '?')})"] = taus
+        elif _get(data, "eval", "split") == "validation":
+            continue  # tuning runs on validation prompts: not held-out numbers, kept out of this plot
         elif isinstance(data.get("acceptance"), Mapping):
             for method, temps in data["acceptance"].items():
                 if isinstance(_get(temps, "T0"), Mapping):

@@ -311,6 +311,8 @@ def results_summary(results: Mapping[str, Mapping[str, Any]], results_dir: str =
                      ("draft_opd_live_traffic_smollm2_cpu.json", _live_traffic)):
         if name in results:
             items += fn(name, results[name])
+    for name in sorted(n for n in results if n.startswith(("draft_opd_sweep", "draft_opd_lr"))):
+        items += _draft_opd_comparison(name, results[name], list_missing=False)
     if "kernels_gpu.json" in results:
         items += _kernels("kernels_gpu.json", results["kernels_gpu.json"])
     return lines + (items or ["No result file yet."])

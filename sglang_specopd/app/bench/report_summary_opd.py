@@ -9,7 +9,9 @@ from typing import Any, List, Mapping
 from sglang_specopd.app.bench.report_sections import _f, _int, _num
 
 
-def _draft_opd_comparison(name: str, data: Mapping[str, Any]) -> List[str]:
+def _draft_opd_comparison(name: str, data: Mapping[str, Any], *, list_missing: bool = True) -> List[str]:
+    """The headline item of a Draft-OPD comparison file; ``list_missing=False`` for runs of a chosen subset of arms
+    (the LR sweep), whose other arms are not "not run yet"."""
     acc = data.get("acceptance") or {}
     arms = [a for a in data.get("arms") or [] if _num(((acc.get(a) or {}).get("T0") or {}).get("mean"))]
     if not arms:
@@ -27,11 +29,28 @@ def _draft_opd_comparison(name: str, data: Mapping[str, Any]) -> List[str]:
                      f"{', inside the noise' if d.get('inside_noise') else ''})")
         return text + (f", T1 {_f(t1['mean'], 3)}" if _num(t1.get("mean")) else "")
 
-    missing = data.get("missing_arms") or []
-    return [f"- **Draft-OPD comparison** (`{name}`): served held-out tau at T0 (mean of the 4 domains, 95% bootstrap "
+    missing = (data.get("missing_arms") or []) if list_missing else []
+    ev = data.get("eval") or {}
+    if ev.get("split") == "validation":
+        title, prompts = "Draft-OPD tuning sweep", (f"validation prompts (train split from {ev.get('offset', '?')}, "
+                                                    f"not held out, {ev.get('limit_per_domain', '?')} per domain)")
+    else:
+        title, prompts = "Draft-OPD comparison", "held-out prompts"
+    return [f"- **{title}** (`{name}`): served tau on {prompts} at T0 (mean of the 4 domains, 95% bootstrap "
             f"interval; paired difference to continued SFT on the same prompts), budget "
-            f"{_int(data.get('budget_target_tokens'))} supervised draft tokens per arm from one SFT start: "
+            f"{_int(data.get('budget_target_tokens'))} supervised draft tokens per arm from one SFT start"
+            f"{_lrs(data.get('lr'))}: "
             + "; ".join(one(a) for a in arms) + (f". Not run yet: {', '.join(missing)}." if missing else ".")]
+
+
+def _lrs(lr: Any) -> str:
+    """", peak LR 1e-4 (specopd recipe)" from the result's ``lr`` map ({arm kind: LR or "recipe"}); "" if absent."""
+    if not isinstance(lr, Mapping) or not lr:
+        return ""
+    vals = {k: (f"{v:g}" if _num(v) else str(v)) for k, v in lr.items()}
+    if len(set(vals.values())) == 1:
+        return f", peak LR {next(iter(vals.values()))} for every arm"
+    return ", peak LR " + ", ".join(f"{k} {v}" for k, v in vals.items())
 
 
 def _live_traffic(name: str, data: Mapping[str, Any]) -> List[str]:
