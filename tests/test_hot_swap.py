@@ -352,6 +352,41 @@ def test_apply_swap_success_and_no_helper() -> None:
     assert all(not torch.equal(p, torch.full_like(p, 7.0)) for p in worker.draft_model.parameters())
 
 
+class _FakeDSparkModel(_FakeDraftModel):
+    """A DSpark-like draft model: the target's embedding and LM head lent by the worker, SGLang's two caches of
+    pre-stacked context-KV weights (``DSparkDraftMixin``) built."""
+
+    def __init__(self, fail_after=None):
+        super().__init__(fail_after)
+        self.embed_tokens = torch.nn.Embedding(5, 3)  # attach_shared_modules: the target's, not the drafter's
+        self.lm_head = torch.nn.Linear(3, 5, bias=False)
+        self._stacked_ctx_kv_cache = {"weight": self.a.weight.detach().clone()}
+        self._fused_kv_write_cache = (1234, object())
+
+
+def test_apply_swap_drops_dspark_weight_caches_and_skips_lent_modules() -> None:
+    from sglang_specopd.server.hot_swap import _own_parameters, apply_swap
+
+    model = _FakeDSparkModel()
+    own = _own_parameters(model, ["a.weight", "b.weight", "norm"])
+    assert sorted(own) == ["a.weight", "b.weight", "norm"], "the lent embedding / LM head are not backed up"
+    assert "embed_tokens.weight" in _own_parameters(model, ["embed_tokens.weight"]), "unless a tensor names them"
+    worker = _FakeWorker(model)
+    worker._fused_kv_helper = None  # the DSPARK worker has no DFLASH helper
+    tensors = {n: torch.full_like(p, 7.0) for n, p in model.named_parameters() if n in own}
+    apply_swap(worker, tensors)
+    assert model._stacked_ctx_kv_cache is False, "reset to SGLang's not-built marker: rebuilt from the new weights"
+    assert model._fused_kv_write_cache is None
+    assert torch.equal(model.a.weight, torch.full_like(model.a.weight, 7.0)) and worker.helper_inits == 0
+
+    model = _FakeDSparkModel(fail_after=2)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with pytest.raises(RuntimeError, match="simulated failure"):
+        apply_swap(_FakeWorker(model), tensors)
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    assert model._stacked_ctx_kv_cache is False and model._fused_kv_write_cache is None, "also after a rollback"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Swaps under load
 # ---------------------------------------------------------------------------------------------------------------

@@ -213,12 +213,13 @@ def test_v2_check_refuses_missing_selector_keys(tiny_serving_target: Path, tmp_p
     assert "dflash_config.selector_top_k" in problems[0].message
 
 
-def test_serve_resolves_v2_and_refuses_a_dspark_drafter_under_specopd(tiny_serving_target: Path,
-                                                                       tmp_path: Path) -> None:
-    """``specopd serve`` (``resolve_drafter``): a V2 drafter serves under SPECOPD; a DSpark one is refused before
-    launch, naming the worker it needs."""
+def test_serve_resolves_v2_under_specopd_and_a_dspark_drafter_under_specopd_dspark(tiny_serving_target: Path,
+                                                                                   tmp_path: Path) -> None:
+    """``specopd serve`` (``resolve_drafter`` / ``serving_algorithm``): a V2 drafter serves under SPECOPD (SGLang's
+    DFLASH worker family); with a DSpark drafter the same config launches SPECOPD_DSPARK; naming SPECOPD_DSPARK for
+    the V2 drafter is refused before launch, naming the worker it needs."""
     from sglang_specopd.app.config import ServeConfig
-    from sglang_specopd.app.serve import DrafterInvalidError, resolve_drafter
+    from sglang_specopd.app.serve import DrafterInvalidError, resolve_drafter, serving_algorithm
     from sglang_specopd.wire.drafter_init import init_drafter
 
     v2 = _v2_drafter(tiny_serving_target, tmp_path / "v2", strong=False, seed=0)
@@ -226,9 +227,11 @@ def test_serve_resolves_v2_and_refuses_a_dspark_drafter_under_specopd(tiny_servi
     init_drafter(tiny_serving_target, ds, block_size=TINY_BLOCK_SIZE, num_layers=2, arch="dspark")
     cfg = ServeConfig(name="tiny-v2", target=str(tiny_serving_target), drafter=str(v2), block_size=TINY_BLOCK_SIZE,
                       device="cpu", dtype="float32", speculative_algorithm="SPECOPD")
-    assert resolve_drafter(cfg, tiny_serving_target) == v2
-    with pytest.raises(DrafterInvalidError, match="DSparkDraftModel.*DSPARK worker.*SPECOPD serves DFLASH"):
-        resolve_drafter(cfg.model_copy(update={"drafter": str(ds)}), tiny_serving_target)
+    assert resolve_drafter(cfg, tiny_serving_target) == v2 and serving_algorithm(v2, "SPECOPD") == "SPECOPD"
+    assert resolve_drafter(cfg.model_copy(update={"drafter": str(ds)}), tiny_serving_target) == ds
+    assert serving_algorithm(ds, "SPECOPD") == "SPECOPD_DSPARK"
+    with pytest.raises(DrafterInvalidError, match="DFlash2DraftModel.*DFLASH worker.*SPECOPD_DSPARK serves DSPARK"):
+        resolve_drafter(cfg.model_copy(update={"speculative_algorithm": "SPECOPD_DSPARK"}), tiny_serving_target)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -23,7 +23,8 @@ def serve(
     log_file: Optional[Path] = typer.Option(None, "--log-file", help="SGLang's log (default: a temp file)."),
     timeout: float = typer.Option(900.0, "--timeout", help="Seconds to wait for the server to become healthy."),
 ) -> None:
-    """Start a real SGLang server (SPECOPD drafter per the config) and keep it running until interrupted."""
+    """Start a real SGLang server (SPECOPD drafter per the config; SPECOPD_DSPARK for a DSpark drafter) and keep it
+    running until interrupted."""
     from sglang_specopd.app.config import ConfigError, ServeConfig
     from sglang_specopd.app.launch import SGLangServer, ServeError
     from sglang_specopd.app.serve import choose_drafter, config_path, launch_spec
@@ -38,7 +39,8 @@ def serve(
     if cfg.device == "cuda" and not cfg.checked_on_gpu:
         typer.echo(f"note: config {cfg.name!r} has not yet been checked on a GPU", err=True)
     how = choose_drafter(cfg, Path(spec.model_path), override=drafter).how
-    typer.echo(f"drafter: {spec.drafter_path or 'none'} ({how})", err=True)
+    algorithm = f", --speculative-algorithm {spec.speculative_algorithm}" if spec.drafter_path else ""
+    typer.echo(f"drafter: {spec.drafter_path or 'none'} ({how}){algorithm}", err=True)
     server = SGLangServer(spec, log_path=log_file)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:

@@ -15,8 +15,11 @@ class ServeConfig(BaseModel):
     drafter directory, ``"default"`` (the drafter ``specopd drafter init`` makes for this target under
     ``$SPECOPD_HOME/drafters``, created on first use), or null for plain autoregressive serving.
     Relative paths are resolved against the config file's directory. ``speculative_algorithm``: SPECOPD (the
-    plugin's worker: DFlash / DFlash V2 drafters, with traces and hot swap), DFLASH, or DSPARK (SGLang's own worker,
-    for DSpark drafters; ``block_size`` B is passed as gamma = B - 1).
+    plugin: traces, hot swap, live traffic; launched as ``--speculative-algorithm SPECOPD`` for a DFlash / DFlash V2
+    drafter and as ``SPECOPD_DSPARK``, the plugin's worker over SGLang's DSPARK one, for a DSpark drafter, chosen
+    from the drafter's ``architectures``), SPECOPD_DSPARK (the same, named explicitly: DSpark drafters only), or
+    SGLang's own workers without the plugin's traces: DFLASH (DFlash / V2 drafters) and DSPARK (DSpark drafters).
+    For DSPARK and SPECOPD_DSPARK, ``block_size`` B is passed as gamma = B - 1.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -25,7 +28,7 @@ class ServeConfig(BaseModel):
     description: str = ""
     target: str
     drafter: Optional[str] = None
-    speculative_algorithm: Optional[Literal["SPECOPD", "DFLASH", "DSPARK"]] = "SPECOPD"
+    speculative_algorithm: Optional[Literal["SPECOPD", "SPECOPD_DSPARK", "DFLASH", "DSPARK"]] = "SPECOPD"
     block_size: Optional[int] = Field(default=None, ge=2, le=64)
     device: Literal["cpu", "cuda"] = "cuda"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"

@@ -106,8 +106,9 @@ class LaunchSpec:
         if self.drafter_path and self.speculative_algorithm:
             a += ["--speculative-algorithm", self.speculative_algorithm,
                   "--speculative-draft-model-path", self.drafter_path]
-            if self.block_size and self.speculative_algorithm.upper() == "DSPARK":
-                # DSPARK's block flag is gamma, the drafted tokens per block (the verify block B = gamma + 1)
+            if self.block_size and self.speculative_algorithm.upper() in ("DSPARK", "SPECOPD_DSPARK"):
+                # DSPARK's block flag is gamma, the drafted tokens per block (the verify block B = gamma + 1);
+                # SPECOPD_DSPARK resolves its arguments as DSPARK (sglang_specopd.server.algorithm_dspark)
                 a += ["--speculative-dspark-block-size", str(self.block_size - 1)]
             elif self.block_size:
                 a += ["--speculative-dflash-block-size", str(self.block_size)]

@@ -52,27 +52,41 @@ def resolve_drafter(cfg: ServeConfig, target_dir: Path) -> Optional[Path]:
     if problems:
         lines = "\n".join(f"  - {p}" for p in problems)
         raise DrafterInvalidError(f"drafter {drafter} does not fit target {target_dir}:\n{lines}")
-    _check_drafter_algorithm(drafter, cfg.speculative_algorithm)
+    serving_algorithm(drafter, cfg.speculative_algorithm)
     return drafter
 
 
-def _check_drafter_algorithm(drafter: Path, algorithm: str) -> None:
-    """Raise :class:`DrafterInvalidError` when ``algorithm`` cannot serve the drafter's architecture: SPECOPD
-    serves what SGLang's DFLASH worker serves (``dflash``, ``dflash2``); a ``dspark`` drafter is served by SGLang's
-    own DSPARK worker (``speculative_algorithm: DSPARK``, on CPU through CPU adaptation 16), which records no
-    SPECOPD acceptance traces."""
-    from sglang_specopd.server.algorithm import ALGORITHM_NAME
+#: The plugin's algorithm for each SGLang worker family: SPECOPD serves what the DFLASH worker serves (DFlash,
+#: DFlash V2), SPECOPD_DSPARK what the DSPARK worker serves (DSpark); both add traces, hot swap and live traffic.
+PLUGIN_ALGORITHMS = {"DFLASH": "SPECOPD", "DSPARK": "SPECOPD_DSPARK"}
+
+
+def serving_algorithm(drafter: Path, algorithm: str) -> str:
+    """The ``--speculative-algorithm`` that serves ``drafter`` when the config asks for ``algorithm``.
+
+    ``SPECOPD`` (the plugin) becomes ``SPECOPD`` for a drafter of SGLang's DFLASH worker (``dflash``, ``dflash2``) and
+    ``SPECOPD_DSPARK`` for one of its DSPARK worker (``dspark``), picked from the drafter's ``architectures``; the
+    others are returned as given (upper-cased) when they serve the drafter's architecture.
+
+    Raises:
+        DrafterInvalidError: ``algorithm`` cannot serve the drafter's architecture (DFLASH / SPECOPD_DSPARK with a
+            DSpark / DFlash drafter, DSPARK with a DFlash one), naming what does.
+    """
     from sglang_specopd.wire.drafter_archs import arch_for_spec, load_drafter_spec
 
     arch = arch_for_spec(load_drafter_spec(drafter))
-    wanted = "DFLASH" if algorithm.upper() == ALGORITHM_NAME else algorithm.upper()
-    if arch.speculative_algorithm != wanted:
-        hint = ""
-        if arch.speculative_algorithm == "DSPARK":
-            hint = "; serve it with speculative_algorithm: DSPARK (SGLang's DSPARK worker, without SPECOPD's traces)"
-        raise DrafterInvalidError(
-            f"drafter {drafter} is a {arch.label} drafter, served by SGLang's {arch.speculative_algorithm} worker; "
-            f"--speculative-algorithm {algorithm} serves {wanted} drafters only{hint}")
+    algorithm = algorithm.upper()
+    plugin = PLUGIN_ALGORITHMS.get(arch.speculative_algorithm)
+    if algorithm == "SPECOPD" and plugin is not None:
+        return plugin
+    if algorithm in (arch.speculative_algorithm, plugin):
+        return algorithm
+    wanted = {"SPECOPD": "DFLASH", "SPECOPD_DSPARK": "DSPARK"}.get(algorithm, algorithm)
+    uses = [f"speculative_algorithm: SPECOPD (the plugin's {plugin} worker: traces, hot swap)"] if plugin else []
+    uses.append(f"{arch.speculative_algorithm} (SGLang's own worker, without the plugin's traces)")
+    raise DrafterInvalidError(
+        f"drafter {drafter} is a {arch.label} drafter, served by SGLang's {arch.speculative_algorithm} worker; "
+        f"--speculative-algorithm {algorithm} serves {wanted} drafters only; serve it with {' or '.join(uses)}")
 
 
 def launch_spec(cfg: ServeConfig, *, host: str = "127.0.0.1", port: int = 30000, api_key: Optional[str] = None,
@@ -80,8 +94,10 @@ def launch_spec(cfg: ServeConfig, *, host: str = "127.0.0.1", port: int = 30000,
                 extra_args: Sequence[str] = ()) -> LaunchSpec:
     """Validate everything checkable before launch and return the :class:`LaunchSpec` for ``cfg``.
 
-    ``drafter`` overrides the config's drafter (a directory). Raises :class:`ServeError` subclasses:
-    ``TargetNotFoundError`` (wrapped), :class:`DrafterInvalidError`, ``PortInUseError``.
+    ``drafter`` overrides the config's drafter (a directory). The spec's ``speculative_algorithm`` is
+    :func:`serving_algorithm`'s: ``SPECOPD`` becomes ``SPECOPD_DSPARK`` for a DSpark drafter. Raises
+    :class:`ServeError` subclasses: ``TargetNotFoundError`` (wrapped), :class:`DrafterInvalidError`,
+    ``PortInUseError``.
     """
     from sglang_specopd.app.cpu_dtype import resolve_dtype
     from sglang_specopd.app.models import ModelsError, resolve_target
@@ -97,7 +113,7 @@ def launch_spec(cfg: ServeConfig, *, host: str = "127.0.0.1", port: int = 30000,
     return LaunchSpec(
         model_path=str(target), host=host, port=port, device=cfg.device, dtype=resolve_dtype(cfg.device, cfg.dtype),
         drafter_path=str(drafter_dir) if drafter_dir else None,
-        speculative_algorithm=cfg.speculative_algorithm if drafter_dir else None,
+        speculative_algorithm=serving_algorithm(drafter_dir, cfg.speculative_algorithm) if drafter_dir else None,
         block_size=cfg.block_size, attention_backend=cfg.attention_backend, max_total_tokens=cfg.max_total_tokens,
         mem_fraction_static=cfg.mem_fraction_static, max_running_requests=cfg.max_running_requests,
         disable_cuda_graph=cfg.disable_cuda_graph, disable_overlap_schedule=cfg.disable_overlap_schedule,

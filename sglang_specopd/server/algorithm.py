@@ -14,6 +14,11 @@ candidate-selector walk (``_propose_selector_block``): at temperature > 0 each s
 over its top-K candidates given the previous pick, and ``_accept_block`` verifies with that q scattered into the
 vocabulary (``_selector_sampling_accept``, SGLang's ``accept_sampling``), lossless for the q served; the worker only
 records traces there (``SPECOPD_DRAFT_SAMPLING`` applies to DFlash's independent slots only).
+
+DSpark drafters (``DSparkDraftModel``) are served by the sibling algorithm SPECOPD_DSPARK
+(:mod:`sglang_specopd.server.algorithm_dspark`: SGLang's DSPARK worker with the same traces), whose spec class is
+:func:`make_spec_class` delegating to DSPARK; ``specopd serve`` launches it for ``speculative_algorithm: SPECOPD``
+with a DSpark drafter.
 """
 
 from __future__ import annotations
@@ -27,25 +32,29 @@ logger = logging.getLogger("sglang_specopd.server.algorithm")
 ALGORITHM_NAME = "SPECOPD"
 
 
-def _make_spec_class():
+def make_spec_class(base: str = "DFLASH"):
+    """A ``CustomSpecAlgo`` subclass that answers every capability question (``is_*``, ``supports_*``, ``has_*``,
+    ``need_*``, ``carries_*``, the future map, disaggregation input, draft-token widths) as the built-in
+    ``SpeculativeAlgorithm.<base>`` does: ``"DFLASH"`` for SPECOPD, ``"DSPARK"`` for SPECOPD_DSPARK
+    (:mod:`sglang_specopd.server.algorithm_dspark`). Server-argument resolution and the worker stay the plugin's."""
     SpeculativeAlgorithm = compat.get("SpeculativeAlgorithm")
     CustomSpecAlgo = compat.get("CustomSpecAlgo")
 
-    dflash = SpeculativeAlgorithm.DFLASH
+    builtin = getattr(SpeculativeAlgorithm, base)  # SpeculativeAlgorithm.DFLASH / .DSPARK
     own = {"is_some", "is_none", "is_speculative", "handle_server_args", "create_worker"}
 
     class SpecOPDAlgo(CustomSpecAlgo):
-        """DFLASH-family spec class: delegates every capability question to ``SpeculativeAlgorithm.DFLASH``."""
+        """Spec class delegating every capability question to the built-in algorithm ``base``."""
 
         def __getattr__(self, name):  # enum-only attributes (carries_draft_hidden_states, need_topk, ...)
-            return getattr(dflash, name)
+            return getattr(builtin, name)
 
     for name in list(vars(SpeculativeAlgorithm)):
         if name.startswith(("is_", "supports_", "has_", "need_", "carries_")) and name not in own:
-            setattr(SpecOPDAlgo, name, (lambda n: lambda self, *a, **k: getattr(dflash, n)(*a, **k))(name))
+            setattr(SpecOPDAlgo, name, (lambda n: lambda self, *a, **k: getattr(builtin, n)(*a, **k))(name))
     for name in ("create_future_map", "build_disagg_draft_input", "resolve_max_speculative_num_draft_tokens",
                  "get_num_tokens_per_req_for_target_verify"):
-        setattr(SpecOPDAlgo, name, (lambda n: lambda self, *a, **k: getattr(dflash, n)(*a, **k))(name))
+        setattr(SpecOPDAlgo, name, (lambda n: lambda self, *a, **k: getattr(builtin, n)(*a, **k))(name))
     return SpecOPDAlgo
 
 
@@ -134,7 +143,9 @@ def register_algorithm() -> None:
     if compat.get("get_spec")(ALGORITHM_NAME) is not None:
         return
 
-    @compat.get("SpeculativeAlgorithm.register")(ALGORITHM_NAME, supports_overlap=True, spec_class=_make_spec_class())
+    spec_class = make_spec_class("DFLASH")
+
+    @compat.get("SpeculativeAlgorithm.register")(ALGORITHM_NAME, supports_overlap=True, spec_class=spec_class)
     def _factory(server_args):
         return _make_worker_class()
 

@@ -84,6 +84,7 @@ _HOOKS = "sglang.srt.plugins.hook_registry"
 _SPEC_INFO = "sglang.srt.speculative.spec_info"
 _SPEC_REG = "sglang.srt.speculative.spec_registry"
 _DFLASH_W = "sglang.srt.speculative.dflash_worker_v2"
+_DSPARK_W = "sglang.srt.speculative.dspark_components.dspark_worker_v2"
 _SPEC_HOOK = "sglang.srt.arg_groups.speculative_hook"
 _IO = "sglang.srt.managers.io_struct"
 _SCHED = "sglang.srt.managers.scheduler"
@@ -120,13 +121,13 @@ SYMBOLS: Tuple[Symbol, ...] = (
     _s("HookType", _HOOKS, "HookType", R, attrs=("BEFORE", "AFTER", "AROUND", "REPLACE"), used_by="compat"),
     # --- the SPECOPD algorithm (algorithm.py) ---
     _s("SpeculativeAlgorithm", _SPEC_INFO, "SpeculativeAlgorithm", R, used_by="algorithm",
-       attrs=("DFLASH", "is_speculative", "create_future_map", "build_disagg_draft_input",
+       attrs=("DFLASH", "DSPARK", "is_speculative", "create_future_map", "build_disagg_draft_input",
               "resolve_max_speculative_num_draft_tokens", "get_num_tokens_per_req_for_target_verify")),
     _s("SpeculativeAlgorithm.register", _SPEC_INFO, "SpeculativeAlgorithm.register", R,
-       ("name", "supports_overlap", "spec_class"), used_by="algorithm"),
+       ("name", "supports_overlap", "spec_class"), used_by=("algorithm", "algorithm_dspark")),
     _s("CustomSpecAlgo", _SPEC_REG, "CustomSpecAlgo", SUB, used_by="algorithm",
        attrs=("is_some", "is_none", "is_speculative", "handle_server_args", "create_worker")),
-    _s("get_spec", _SPEC_REG, "get_spec", R, ("name",), used_by="algorithm"),
+    _s("get_spec", _SPEC_REG, "get_spec", R, ("name",), used_by=("algorithm", "algorithm_dspark")),
     _s("DFlashWorkerV2", _DFLASH_W, "DFlashWorkerV2", SUB, used_by=("algorithm", "hot_swap"),
        attrs=("model_runner", "block_size", "_selector_sample", "_block_verification",  # read by SpecOPDWorker
               "draft_model", "_fused_kv_helper", "_init_fused_kv_helper")),  # hot_swap rebuilds the helper
@@ -146,11 +147,25 @@ SYMBOLS: Tuple[Symbol, ...] = (
     _s("DFlashDraftModel.load_weights", "sglang.srt.models.dflash", "DFlashDraftModel.load_weights", R,
        ("self", "weights"), used_by="hot_swap"),
     _s("resolving_view", "sglang.srt.arg_groups.overrides", "resolving_view", R, ("server_args",),
-       used_by=("algorithm", "cpu.patches", "cpu.dspark")),
+       used_by=("algorithm", "algorithm_dspark", "cpu.patches", "cpu.dspark")),
     _s("handle_speculative_decoding", _SPEC_HOOK, "handle_speculative_decoding", AFTER, ("server_args",),
-       used_by="algorithm"),
+       used_by=("algorithm", "algorithm_dspark")),
     _s("_handle_dflash", _SPEC_HOOK, "_handle_dflash", (R, AROUND), ("server_args",),
        used_by=("algorithm", "cpu.patches")),
+    # --- the SPECOPD_DSPARK algorithm (algorithm_dspark.py): DSPARK's worker + traces; hot swap of its drafter ---
+    _s("DSparkWorkerV2", _DSPARK_W, "DSparkWorkerV2", SUB, used_by=("algorithm_dspark", "hot_swap"),
+       attrs=("_observers", "draft_model")),  # the observer facade traces wrap; the model hot swap loads into
+    _s("DsparkStepObservers.observe_verify_step", "sglang.srt.speculative.dspark_components.dspark_observability",
+       "DsparkStepObservers.observe_verify_step", OVR, ("self", "reqs", "bs", "prefix_lens", "draft_tokens",
+                                                       "correct_len"), used_by="algorithm_dspark"),
+    _s("_handle_dspark", _SPEC_HOOK, "_handle_dspark", (R, AROUND), ("server_args",),
+       used_by=("algorithm_dspark", "cpu.dspark")),
+    # DSparkDraftMixin caches pre-stacked context-KV weights (torch.cat copies) on first use: cleared after a swap
+    _s("DSparkDraftModel", "sglang.srt.models.dspark", "DSparkDraftModel", R, used_by="hot_swap",
+       attrs=("_fused_kv_write_cache", "_stacked_ctx_kv_cache", "_stacked_ctx_kv_params", "embed_tokens",
+              "lm_head")),
+    _s("DSparkDraftModel.load_weights", "sglang.srt.models.dspark", "DSparkDraftModel.load_weights", R,
+       ("self", "weights"), used_by="hot_swap"),
     # --- the control channel (control.py) ---
     _s("BaseReq", _IO, "BaseReq", SUB, used_by="control"),
     _s("hook_custom_types", _IO, "hook_custom_types", R, ("new_types",), used_by="control"),
@@ -288,8 +303,6 @@ SYMBOLS: Tuple[Symbol, ...] = (
     _s("dflash._follow_maps", _DFLASH_M, "_follow_maps", AROUND, ("maps", "initial_indices", "edges"),
        used_by="cpu.dflash2", cpu_only=True),
     # DSpark drafters under SGLang's DSPARK worker on the CPU engine (cpu/dspark.py, adaptation 16)
-    _s("_handle_dspark", _SPEC_HOOK, "_handle_dspark", AROUND, ("server_args",), used_by="cpu.dspark",
-       cpu_only=True),
     _s("speculative_hook.resolving_view", _SPEC_HOOK, "resolving_view", MP, ("server_args",),
        used_by="cpu.dspark", cpu_only=True),
     _s("_disable_overlap_schedule_for_cpu", _SPEC_HOOK, "_disable_overlap_schedule_for_cpu", R, ("server_args",),

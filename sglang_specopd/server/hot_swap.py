@@ -6,8 +6,9 @@ tensors; the safetensors metadata holds ``{"config": <config.json dict>, "versio
 
 * provenance: ``config.architectures`` names the serving drafter's architecture in the registry
   (:mod:`sglang_specopd.wire.drafter_archs`; ``["DFlashDraftModel"]`` for DFlash, ``["DFlash2DraftModel"]`` for
-  DFlash V2: a swap never changes the architecture) and the new config describes the SAME drafter (every spec field, e.g. of
-  :class:`~sglang_specopd.wire.drafter_format.DrafterSpec`, equal to the serving drafter's, dtype aside);
+  DFlash V2, ``["DSparkDraftModel"]`` for DSpark: a swap never changes the architecture) and the new config
+  describes the SAME drafter (every spec field, e.g. of :class:`~sglang_specopd.wire.drafter_format.DrafterSpec`
+  or a DSpark spec's ``markov_rank``, equal to the serving drafter's, dtype aside);
 * names: exactly the serving drafter's checkpoint tensor names (no missing, no extra: a target checkpoint, whose
   layers are called ``model.layers.*``, can never pass, unlike SGLang's own ``update_weights_from_disk``);
 * shapes equal, dtypes float32 / bfloat16 / float16 (checked before any op on the values), values finite;
@@ -15,8 +16,13 @@ tensors; the safetensors metadata holds ``{"config": <config.json dict>, "versio
   non-empty string. Every refusal is a ``ValueError``: HTTP 400 with the reason.
 
 Then the weights are loaded with the draft model's own ``load_weights`` (fused q/k/v and gate/up handled by
-SGLang), the DFLASH fused context-KV helper (pre-stacked weight copies on GPU) is rebuilt, and the version is
-bumped. Any failure while loading restores the previous weights (rollback) and serving goes on. The swap runs
+SGLang), whatever the worker derived from the old weights is rebuilt (:func:`rebuild_derived`: the DFLASH worker's
+fused context-KV helper, pre-stacked weight copies on GPU; a DSpark draft model's own caches of stacked context-KV
+weights, ``_stacked_ctx_kv_cache`` (on by default, CPU included) and the bf16 fused-write bundle
+``_fused_kv_write_cache``, rebuilt by SGLang on their next use), and the version is bumped. The draft model is
+``worker.draft_model`` on SGLang's DFLASH and DSPARK workers alike (SPECOPD, SPECOPD_DSPARK, DFLASH, DSPARK); the
+rollback backup skips the target modules the worker lends the drafter (``lm_head``; DSpark: ``embed_tokens``
+too). Any failure while loading restores the previous weights (rollback) and serving goes on. The swap runs
 in the scheduler between batches: in-flight requests continue with the new drafter on their next verify step
 (their draft KV still holds the old drafter's context projections until they finish; outputs stay exact since
 the target verifies every token). Cached prefixes hold draft KV of the previous drafter too, so after a swap
@@ -44,7 +50,7 @@ def current_version() -> str:
 def _worker(scheduler):
     worker = getattr(scheduler, "draft_worker", None)
     if worker is None or not hasattr(worker, "draft_model"):
-        raise ValueError("this server has no DFlash drafter to swap (start it with a SPECOPD/DFLASH drafter)")
+        raise ValueError("this server has no drafter to swap (start it with a SPECOPD drafter)")
     return worker
 
 
@@ -107,31 +113,58 @@ def validate_swap(serving_spec, config: dict, tensors: Dict[str, torch.Tensor]) 
             raise ValueError(f"refused: {name} has non-finite values")
 
 
-def _own_parameters(model) -> Dict[str, torch.nn.Parameter]:
-    """The draft model's own parameters: without the target LM head a DFlash V2 drafter borrows (the DFLASH worker
-    assigns ``draft_model.lm_head = <target lm_head>`` before its first selector draft, which registers the
-    target's head as a submodule; no swap tensor can name it, and backing it up would copy a [V, H] matrix)."""
-    borrowed = getattr(model, "lm_head", None)
-    skip = {id(p) for p in borrowed.parameters()} if isinstance(borrowed, torch.nn.Module) else set()
+_LENT_MODULES = ("lm_head", "embed_tokens")
+
+
+def _own_parameters(model, tensor_names=()) -> Dict[str, torch.nn.Parameter]:
+    """The draft model's own parameters: without the target modules the worker lends it, unless a swap tensor
+    names them. The DFLASH worker assigns ``draft_model.lm_head = <target lm_head>`` before a V2 drafter's first
+    selector draft, and the DSPARK worker attaches the target's ``lm_head`` and ``embed_tokens``
+    (``attach_shared_modules``), which registers them as submodules; no swap tensor of these drafters names them,
+    and backing them up would copy [V, H] matrices."""
+    named = {part for name in tensor_names for part in name.split(".")}
+    skip = set()
+    for attr in _LENT_MODULES:
+        lent = getattr(model, attr, None)
+        if isinstance(lent, torch.nn.Module) and attr not in named:
+            skip |= {id(p) for p in lent.parameters()}
     return {n: p for n, p in model.named_parameters() if id(p) not in skip}
+
+
+def rebuild_derived(worker) -> None:
+    """Rebuild (or drop, to be rebuilt on next use) what the worker derived from the draft model's weights.
+
+    * DFLASH worker: the fused context-KV helper (``_fused_kv_helper``, pre-stacked weight copies; GPU only).
+    * DSpark draft model (``DSparkDraftMixin``): ``_stacked_ctx_kv_cache`` (every layer's K/V projection
+      concatenated, a copy; built on the first context-KV write when ``SGLANG_DSPARK_STACKED_CTX_KV`` is on, the
+      default, CPU included) is reset to its not-built marker ``False``; ``_fused_kv_write_cache`` (the bf16 fused
+      writer's concatenated K/V weight for one pool) to ``None``. Without this the context K/V of every later
+      request would still be projected with the previous drafter's weights.
+    """
+    if getattr(worker, "_fused_kv_helper", None) is not None:
+        worker._init_fused_kv_helper()
+    model = worker.draft_model
+    state = vars(model)
+    if "_stacked_ctx_kv_cache" in state:
+        model._stacked_ctx_kv_cache = False
+    if "_fused_kv_write_cache" in state:
+        model._fused_kv_write_cache = None
 
 
 def apply_swap(worker, tensors: Dict[str, torch.Tensor]) -> None:
     """Load ``tensors`` into the serving draft model; on any error restore the previous weights and re-raise."""
     model = worker.draft_model
-    params = _own_parameters(model)
+    params = _own_parameters(model, tensors)
     backup = {n: p.detach().clone() for n, p in params.items()}
     try:
         with torch.no_grad():
             model.load_weights(iter(tensors.items()))
-        if getattr(worker, "_fused_kv_helper", None) is not None:
-            worker._init_fused_kv_helper()
+        rebuild_derived(worker)
     except BaseException:
         with torch.no_grad():
             for n, p in params.items():
                 p.copy_(backup[n])
-        if getattr(worker, "_fused_kv_helper", None) is not None:
-            worker._init_fused_kv_helper()
+        rebuild_derived(worker)
         raise
 
 

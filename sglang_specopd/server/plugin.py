@@ -2,8 +2,9 @@
 
 SGLang calls :func:`register` early in every server process (launcher, tokenizer manager, scheduler,
 detokenizer). After checking that the installed SGLang still has every symbol the plugin uses
-(:mod:`sglang_specopd.server.compat`), it registers the SPECOPD speculative algorithm, the trace-carrying output streamer, and, only on
-SGLang's CPU engine, the CPU adaptations in :mod:`sglang_specopd.server.cpu.patches`.
+(:mod:`sglang_specopd.server.compat`), it registers the SPECOPD speculative algorithm (DFlash / DFlash V2 drafters) and
+SPECOPD_DSPARK (DSpark drafters, :mod:`sglang_specopd.server.algorithm_dspark`), the trace-carrying output streamer,
+and, only on SGLang's CPU engine, the CPU adaptations in :mod:`sglang_specopd.server.cpu.patches`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def register() -> None:
     cpu = cpu_engine_enabled()
     check_compat(cpu=cpu)
     from sglang_specopd.server.algorithm import register_algorithm
+    from sglang_specopd.server.algorithm_dspark import register_dspark_algorithm
 
     if cpu:
         from sglang_specopd.server.cpu.patches import register_cpu_adaptations
@@ -42,6 +44,7 @@ def register() -> None:
 
     register_fixes()
     register_algorithm()
+    register_dspark_algorithm()
     import sglang_specopd.server.hot_swap  # noqa: F401  (registers the swap_drafter / drafter_info ops)
     from sglang_specopd.server.traces import verify_trace_param
     from sglang_specopd.server.traffic import register_traffic_op

@@ -1,9 +1,9 @@
 """Live-traffic spool: the traces of the requests the server serves, kept for training (opt-in, admin key to read).
 
 Off unless the server config sets ``traffic_spool_mb > 0`` (carried to every server process as
-``SPECOPD_TRAFFIC_SPOOL_BYTES`` by :func:`sglang_specopd.server.plugin.launch_environment`). When on, the SPECOPD
-worker keeps every request's verify records (:func:`sglang_specopd.server.traces.record_verify_step` with
-``keep_all``), and when a request finishes (finish reason ``stop`` or ``length``; aborted ones are dropped) the
+``SPECOPD_TRAFFIC_SPOOL_BYTES`` by :func:`sglang_specopd.server.plugin.launch_environment`). When on, the SPECOPD (or
+SPECOPD_DSPARK) worker keeps every request's verify records (:func:`sglang_specopd.server.traces.record_verify_step`
+with ``keep_all``), and when a request finishes (finish reason ``stop`` or ``length``; aborted ones are dropped) the
 output streamer calls :func:`record_finished`, which appends one item to :class:`TrafficSpool`, a ring buffer in the
 scheduler process with a byte budget::
 
@@ -37,6 +37,8 @@ SPOOL_BYTES_ENV = "SPECOPD_TRAFFIC_SPOOL_BYTES"
 OFF_REASON = ("live-traffic recording is off on this server (set traffic_spool_mb > 0 in its server config; "
               "docs/live_traffic.md)")
 _RECORDED_ATTR = "_specopd_traffic_recorded"
+#: The plugin's algorithms, whose workers record traces: SPECOPD (DFlash / V2 drafters), SPECOPD_DSPARK (DSpark).
+RECORDING_ALGORITHMS = ("SPECOPD", "SPECOPD_DSPARK")
 
 
 def spool_budget_bytes(environ: Optional[Mapping[str, str]] = None) -> int:
@@ -232,12 +234,13 @@ def parse_read_query(query: Mapping[str, str]) -> Dict[str, Any]:
 
 def traffic_op(scheduler, payload: bytes):
     """Scheduler op ``traffic``: ``{"action": "read", "after", "max_items", "spool_id"}`` -> a TrafficReply,
-    ``{"action": "purge"}`` -> a PurgeReply. 404 when recording is off, 409 on a server that is not SPECOPD."""
+    ``{"action": "purge"}`` -> a PurgeReply. 404 when recording is off, 409 on a server that is neither SPECOPD nor
+    SPECOPD_DSPARK."""
     sp = spool()
     if sp is None:
         return 404, OFF_REASON, b""
     algo = str(getattr(scheduler.server_args, "speculative_algorithm", None) or "").upper()
-    if algo != "SPECOPD":
+    if algo not in RECORDING_ALGORITHMS:
         return 409, (f"live-traffic recording needs a SPECOPD server (this one serves speculative_algorithm="
                      f"{algo or 'none'}): no traces to record"), b""
     req = json.loads(payload)

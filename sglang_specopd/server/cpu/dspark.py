@@ -1,8 +1,10 @@
 """DSpark drafters (``DSparkDraftModel``) served by SGLang's DSPARK worker on the CPU engine (CPU adaptation 16).
 
 SGLang 0.5.23 serves a DSpark drafter with ``--speculative-algorithm DSPARK``
-(``speculative/dspark_components/dspark_worker_v2.DSparkWorkerV2``). On that path exactly one piece refuses a
-CPU-only machine, and it is replaced here for the CPU device only (on GPU the hook calls SGLang's code as is):
+(``speculative/dspark_components/dspark_worker_v2.DSparkWorkerV2``); the plugin's ``SPECOPD_DSPARK``
+(:mod:`sglang_specopd.server.algorithm_dspark`: that worker plus traces and hot swap) resolves its arguments with the
+same ``_handle_dspark``, so everything below applies to it too. On that path exactly one piece refuses a CPU-only
+machine, and it is replaced here for the CPU device only (on GPU the hook calls SGLang's code as is):
 
 * ``speculative_hook._handle_dspark`` (argument resolution) raises "DSpark speculative decoding only supports CUDA,
   NPU or XPU device." for every other device. Its only reads of ``cfg.device`` are that gate and ``_is_npu``

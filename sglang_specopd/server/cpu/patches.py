@@ -25,9 +25,9 @@ time and otherwise defers to SGLang's original code, so nothing here changes GPU
     the launcher keeps the mamba pool's conv windows in float32 (``SGLANG_MAMBA_CONV_DTYPE``, plugin.py).
 12. DFlash V2 drafters (``DFlash2DraftModel``): the candidate selector's flashinfer top-k and its
     ``torch.compile``'d lattice / walk run as torch on CPU (:mod:`sglang_specopd.server.cpu.dflash2`).
-16. DSpark drafters under SGLang's DSPARK worker: its argument resolution accepts the CPU device
-    (:mod:`sglang_specopd.server.cpu.dspark`); the rest of that path runs on CPU through SGLang's torch references
-    and adaptations 3-5 and 8.
+16. DSpark drafters under SGLang's DSPARK worker (DSPARK, and the plugin's SPECOPD_DSPARK): its argument
+    resolution accepts the CPU device (:mod:`sglang_specopd.server.cpu.dspark`); the rest of that path runs on CPU
+    through SGLang's torch references and adaptations 3-5 and 8.
 """
 
 from __future__ import annotations
