@@ -88,9 +88,10 @@ def test_cursor_reads_each_item_once_and_nothing_is_removed() -> None:
 
 def test_reply_bytes_cap_returns_at_least_one_item() -> None:
     spool = TrafficSpool(1 << 20)
-    for _ in range(5):
-        spool.add(list(range(100)), 50, [])
+    for _ in range(5):  # a fixed finished_at: the clock's float repr varies in length, and so would the items
+        spool.add(list(range(100)), 50, [], finished_at=1.5)
     one_size = len(spool._data[0])
+    assert all(len(d) == one_size for d in spool._data)
     reply = _read(spool, after=0, max_items=5, max_bytes=2 * one_size + 1)
     assert [it.seq for it in reply.items] == [1, 2] and reply.next_after == 2 and reply.missed == 0
     assert [it.seq for it in _read(spool, after=0, max_items=5, max_bytes=1).items] == [1]
