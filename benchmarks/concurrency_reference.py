@@ -85,6 +85,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--run-dir", default="runs/concurrency_reference")
     ap.add_argument("--out", default=str(RESULT))
+    ap.add_argument("--keep-from", default=None,
+                    help="an earlier result file whose temperatures this run does not measure are carried over "
+                         "(same config, drafter, limit and max-new-tokens required), e.g. T=0 when adding T=1")
     args = ap.parse_args(argv)
     if args.drafter is None:
         args.drafter = shipped_reference(args.config)
@@ -119,6 +122,12 @@ def main(argv=None) -> int:
         "raw_payloads": {k: str(run / f"{k}.json") for k in payloads},
         "load_average_1m": {k: p.get("load_average_1m") for k, p in payloads.items()},
     }
+    if args.keep_from:
+        try:
+            payload = carry_over(json.loads(Path(args.keep_from).read_text()), payload)
+        except ValueError as e:
+            print(f"error: --keep-from {args.keep_from}: {e}", file=sys.stderr)
+            return 2
     out = write_result(Path(args.out), payload, command="python " + " ".join(sys.argv))
     plot(payload["temperatures"], out.with_suffix(".png"))
     for key, levels in payload["temperatures"].items():
@@ -127,6 +136,34 @@ def main(argv=None) -> int:
             print(f"{key} c={lv['concurrency']}: speedup {lv['speedup']:.2f}x, tau {a['mean']:.3f} "
                   f"[{a['ci95'][0]:.3f}, {a['ci95'][1]:.3f}]", file=sys.stderr)
     return 0
+
+
+def carry_over(earlier: dict, payload: dict) -> dict:
+    """Copy into ``payload`` the temperatures of ``earlier`` (a result of this script) it did not measure.
+
+    Each carried temperature keeps its own raw payload path, load average and the command that measured it
+    (``carried_from``). Raises ValueError when the two runs differ in config, drafter, prompts or lengths, as
+    their speedups would not be comparable.
+    """
+    for key in ("server_config", "drafter", "limit_per_domain", "max_new_tokens"):
+        if earlier.get(key) != payload.get(key):
+            raise ValueError(f"{key} differs: {earlier.get(key)!r} there, {payload.get(key)!r} here")
+    merged = dict(payload)
+    merged["temperatures"] = dict(payload["temperatures"])
+    merged["raw_payloads"] = dict(payload["raw_payloads"])
+    merged["load_average_1m"] = dict(payload["load_average_1m"])
+    carried = {}
+    for key, levels in earlier.get("temperatures", {}).items():
+        if key in merged["temperatures"]:
+            continue
+        merged["temperatures"][key] = levels
+        merged["raw_payloads"][key] = earlier.get("raw_payloads", {}).get(key)
+        merged["load_average_1m"][key] = earlier.get("load_average_1m", {}).get(key)
+        carried[key] = {"command": earlier.get("command"), "git_commit": earlier.get("git_commit"),
+                        "created": earlier.get("created")}
+    if carried:
+        merged["carried_from"] = {**earlier.get("carried_from", {}), **carried}
+    return merged
 
 
 def plot(temperatures: dict, path: Path) -> None:

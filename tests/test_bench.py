@@ -779,3 +779,24 @@ def test_acceptance_series_leaves_validation_runs_out() -> None:
     series = acceptance_series({"draft_opd_smollm2_cpu.json": held_out,
                                 "draft_opd_sweep_lr3e-5_smollm2_cpu.json": validation})
     assert series == {"draft_opd_smollm2_cpu: sft_continued (T=0)": taus}
+
+
+def test_sse_lines_split_on_newline_only_not_on_unicode_line_separators() -> None:
+    import asyncio
+
+    from sglang_specopd.app.bench.client import sse_lines
+
+    # U+2028 and U+0085 inside a JSON string (SGLang writes non-ASCII raw) must not end the line
+    event = 'data: {"choices": [{"text": "a\u2028b\x85c"}]}'
+    chunks = [event[:10], event[10:] + "\n\n", "data: [DONE]\n", "data: tail"]
+
+    async def feed():
+        for c in chunks:
+            yield c
+
+    async def collect():
+        return [line async for line in sse_lines(feed())]
+
+    got = asyncio.run(collect())
+    assert got == [event, "", "data: [DONE]", "data: tail"]
+    assert json.loads(got[0][5:])["choices"][0]["text"] == "a\u2028b\x85c"

@@ -49,3 +49,30 @@ def test_main_reuses_finished_runs_and_writes_the_result(tmp_path: Path) -> None
         pytest.approx([1.5, 1.2])
     assert data["counts_as_result"] is False  # 3 prompts per domain < 24
     assert out.with_suffix(".png").is_file()
+
+
+def test_keep_from_carries_the_temperatures_this_run_did_not_measure(tmp_path: Path) -> None:
+    cr = load_benchmark("concurrency_reference")
+    drafter = str(tmp_path / "drafter")
+    first, second = tmp_path / "run0", tmp_path / "run1"
+    for d in (first, second):
+        d.mkdir()
+    (first / "T0.json").write_text(json.dumps(_payload(30.0, 20.0, dict.fromkeys(DOMAINS, 10))))
+    (second / "T1.json").write_text(json.dumps(_payload(24.0, 20.0, dict.fromkeys(DOMAINS, 5))))
+    out = tmp_path / "results" / "concurrency_reference_smollm2_cpu.json"
+    common = ["--out", str(out), "--limit", "3", "--drafter", drafter]
+    assert cr.main(["--run-dir", str(first), "--temperatures", "0", *common]) == 0
+    t0 = json.loads(out.read_text())
+    assert cr.main(["--run-dir", str(second), "--temperatures", "1", "--keep-from", str(out), *common]) == 0
+    data = json.loads(out.read_text())
+    assert sorted(data["temperatures"]) == ["T0", "T1"]
+    assert data["temperatures"]["T0"] == t0["temperatures"]["T0"]  # carried verbatim
+    assert data["temperatures"]["T1"][0]["speedup"] == pytest.approx(1.2)
+    assert data["temperatures"]["T1"][0]["acceptance"]["mean"] == pytest.approx(4.0)  # 20 tokens / 5 verifies
+    assert data["raw_payloads"]["T0"] == str(first / "T0.json") and data["carried_from"]["T0"]["created"] == t0["created"]
+    assert "T1" not in data["carried_from"]
+    # a different setting (more new tokens) is refused and writes nothing
+    before = out.read_text()
+    assert cr.main(["--run-dir", str(second), "--temperatures", "1", "--keep-from", str(out), *common,
+                    "--max-new-tokens", "64"]) == 2
+    assert out.read_text() == before

@@ -24,7 +24,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import httpx
 
@@ -142,13 +142,30 @@ def completion_payload(prompt: BenchPrompt, params: RequestParams) -> Dict[str, 
     return body
 
 
+async def sse_lines(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
+    """Lines of a server-sent-event stream, split on ``\\n`` only (a trailing ``\\r`` is left to the caller's strip).
+
+    ``httpx``'s ``aiter_lines`` splits like ``str.splitlines``, also on U+2028, U+0085 and other separators
+    that SGLang's JSON (``ensure_ascii=False``) carries raw inside a sampled token's text; that cut one
+    ``data:`` line in two and showed as a malformed stream at T=1.
+    """
+    buf = ""
+    async for chunk in chunks:
+        buf += chunk
+        *lines, buf = buf.split("\n")
+        for line in lines:
+            yield line
+    if buf:
+        yield buf
+
+
 async def _consume(client: httpx.AsyncClient, url: str, body: Mapping[str, Any], state: _Stream,
                    t0: float) -> None:
     async with client.stream("POST", url, json=body) as resp:
         if resp.status_code != 200:
             text = (await resp.aread())[:300].decode(errors="replace")
             raise _RequestFailed(f"HTTP {resp.status_code}: {text}")
-        async for line in resp.aiter_lines():
+        async for line in sse_lines(resp.aiter_text()):
             line = line.strip()
             if not line.startswith("data:"):
                 continue  # blank separators, "event: ..." lines
