@@ -30,10 +30,8 @@ tokens / s, wall time) and a PNG beside it::
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
-import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -41,6 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # draft_opd_compare/ and specopd_smollm2 beside this file
 
 from draft_opd_compare.arms import ArmsError, select_arms  # noqa: E402
+from draft_opd_compare.cli import CompareError, OneLineParser, require_at_least  # noqa: E402
 from draft_opd_compare.store import SetupMismatchError  # noqa: E402
 
 ADMIN_KEY = "specopd-bench-admin"
@@ -48,20 +47,8 @@ DOMAINS = ["dialogue", "coding", "math", "agentic"]
 MIN_EVAL_PROMPTS = 24  # the measurement rule: at least 24 held-out prompts per domain
 
 
-class CompareError(ValueError):
-    """A bad option (one line for the user)."""
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line (``draft_opd_smollm2: ...``, exit 2)."""
-
-    def error(self, message):
-        print(f"draft_opd_smollm2: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def parse_args(argv=None):
-    ap = _Parser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(prog="draft_opd_smollm2", description=__doc__.splitlines()[0])
     ap.add_argument("--start", required=True, help="the SFT drafter every arm starts from (a drafter directory)")
     ap.add_argument("--arms", default="all", help="comma-separated arms to run (default all; see the module doc)")
     ap.add_argument("--config", default="cpu-smollm2", help="server config (name or YAML path), SPECOPD")
@@ -106,12 +93,9 @@ def check_options(args) -> list:
     start = Path(args.start).expanduser()
     if not (start / "config.json").is_file() or not (start / "model.safetensors").is_file():
         raise CompareError(f"--start {args.start}: not a drafter directory (config.json + model.safetensors)")
-    for name in ("budget_tokens", "eval_limit", "rollout_prompts", "max_blocks", "refs_per_domain",
-                 "eval_concurrency"):
-        if getattr(args, name) < 1:
-            raise CompareError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.rollout_tokens < 2 or args.eval_max_new_tokens < 2:
-        raise CompareError("--rollout-tokens and --eval-max-new-tokens must be >= 2")
+    require_at_least(args, 1, "budget_tokens", "eval_limit", "rollout_prompts", "max_blocks", "refs_per_domain",
+                     "eval_concurrency")
+    require_at_least(args, 2, "rollout_tokens", "eval_max_new_tokens")
     if args.lr_specopd is not None and args.lr_specopd <= 0:
         raise CompareError(f"--lr-specopd must be > 0, got {args.lr_specopd}")
     if args.eval_split == "validation":
@@ -137,17 +121,11 @@ def setup_of(args, start_sha: str) -> dict:
 
 
 def main(argv=None) -> int:
+    from draft_opd_compare.cli import script_main
     from sglang_specopd.app.launch import ServeError
 
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_args(argv)  # exits 2 with one line on a malformed command line
-    args.command = "python benchmarks/draft_opd_smollm2.py " + shlex.join(argv)
-    try:
-        arms = check_options(args)
-        return run(args, arms)
-    except (CompareError, ArmsError, SetupMismatchError, ServeError) as exc:
-        print(f"draft_opd_smollm2: {exc}".replace("\n", " "), file=sys.stderr)
-        return 2
+    return script_main("draft_opd_smollm2", argv, parse_args, check_options, run,
+                       (CompareError, ArmsError, SetupMismatchError, ServeError))
 
 
 def run(args, arms: list) -> int:

@@ -8,7 +8,9 @@ convs switched on (non-zero successor codebook and kernel projections). Checked 
 * greedy output ids equal the plain server's (lossless), with acceptance > 0 (the serving target is
   ``make_accepting_target``'s), and the traces obey every invariant of ``test_serve_tiny.check_trace``;
 * at temperature 1 (SGLang's selector walk, q over each slot's top-K candidates, verified by ``accept_sampling``
-  with that q scattered into the vocabulary) the traces are consistent too;
+  with that q scattered into the vocabulary) the traces are consistent too, every drawn token is among the
+  trainer's candidates of its slot and the draws follow the trainer's q (the goodness-of-fit z of
+  ``_q_parity`` over every traced slot);
 * hot swap per architecture: a V2 drafter of the same spec is accepted (greedy output unchanged, proposals
   changed); a DFlash drafter, or a V2 config without its selector keys, is refused with 400 and a reason, and
   serving (version, proposals) is unchanged after;
@@ -269,6 +271,43 @@ def test_v2_trainer_proposals_equal_server_proposals(v2_server: V2Server) -> Non
             checked += len(trace)
     assert checked >= 8
     assert selector_mattered, "the selector never changed a pick: the parity does not exercise it"
+
+
+@server
+def test_v2_served_q_at_t1_is_the_trainers(v2_server: V2Server) -> None:
+    """T = 1: every drawn token is among the trainer's K candidates of its slot, and the draws follow the trainer's
+    q over them (softmax of the selector scores, given the drawn token before): the goodness-of-fit z of
+    :mod:`_q_parity` over every traced slot is within 4.5 of 0, while the same drafts scored under q at T = 0.5
+    or under another drafter are far off (the statistic has power)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from _q_parity import fit_terms, z_score
+    from specopd_trainer.drafters.dflash2 import DFlash2Drafter
+    from specopd_trainer.drafters.features import hf_context_features
+
+    tok = AutoTokenizer.from_pretrained(v2_server.target)
+    model = AutoModelForCausalLM.from_pretrained(v2_server.target, dtype=torch.float32).eval()
+    v2_server.serve(v2_server.strong, "q-strong")
+    drafter = DFlash2Drafter.from_pretrained(v2_server.strong, v2_server.target).eval()
+    other = DFlash2Drafter.from_pretrained(v2_server.drafter, v2_server.target).eval()
+    served, tempered, wrong = [], [], []
+    for prompt in TINY_PROMPTS:
+        for _ in range(4):
+            resp = v2_server.traced(prompt, 48, temperature=1.0)
+            seq = tok(prompt)["input_ids"] + list(resp["output_ids"])
+            with torch.no_grad():
+                feats = hf_context_features(model, torch.tensor(seq), drafter.spec.target_layer_ids)
+            records = resp["meta_info"][TRACE_KEY]
+            served.append(fit_terms(drafter, feats, seq, records, 1.0))
+            tempered.append(fit_terms(drafter, feats, seq, records, 1.0, q_temperature=0.5))
+            try:
+                wrong.append(fit_terms(other, feats, seq, records, 1.0))
+            except AssertionError:  # a draw outside the other drafter's candidates: as wrong as it gets
+                wrong.append((-1e9, 1.0, 1))
+    (z, n), z_tempered, z_wrong = z_score(served), z_score(tempered)[0], z_score(wrong)[0]
+    assert n >= 400, n
+    assert abs(z) < 4.5, (z, n, z_tempered, z_wrong)
+    assert abs(z_tempered) > 6 and abs(z_wrong) > 6, (z, z_tempered, z_wrong)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -18,12 +18,17 @@ switched on (``markov_w2`` ~ N(0, 1); fresh it is zero). Checked on it:
   reproduces every trace record (anchor, proposed block, accepted count) and so SGLang's ``spec_verify_ct`` and
   histogram, and the Markov head changes at least one of its greedy proposals (so the parity exercises it);
 * temperature 1 (SGLang's Markov-head sampler, verified by ``accept_sampling`` with CPU adaptation 8's chain
-  sampler): traced requests complete with every trace invariant;
+  sampler): traced requests complete with every trace invariant, and the drawn blocks follow the trainer's q on
+  the same prefix (the goodness-of-fit z of ``_q_parity`` over every traced slot);
 * hot swap: a DSpark drafter of another seed is accepted (greedy output unchanged, every trace record now the new
   drafter's walk and tagged with its version, the proposals differ from the first drafter's), a drafter with another
   Markov rank or a DFlash drafter is refused with 400 and a reason and serving (version, proposals) is unchanged,
   and swapping the first drafter back gives its proposals again;
-* the live-traffic spool keeps each finished request with the trace its reply carried.
+* the live-traffic spool keeps each finished request with the trace its reply carried;
+* ``score_trees`` and Draft-OPD against this server: the context features it returns reproduce every greedy
+  proposal the server traced (the trainer's drafter on them), its target rows agree with every verify decision,
+  and a Draft-OPD step on the error anchors trains the Markov head (SpecOPD against a DSpark server:
+  ``tests/test_drafter_archs_script.py``).
 
 Without a server: the ``_handle_dspark`` hook, and ``specopd serve``'s algorithm / drafter / launch-flag handling.
 """
@@ -42,6 +47,7 @@ import pytest
 import torch
 
 from conftest import TINY_BLOCK_SIZE, TINY_NEW_TOKENS, TINY_PROMPTS, running_server, tiny_launch_spec
+from _replay_checks import check_replay
 from test_serve_tiny import check_trace
 
 GAMMA = TINY_BLOCK_SIZE - 1
@@ -52,8 +58,10 @@ TRACE_KEY = "specopd_trace"
 server = pytest.mark.server
 
 
-def _dspark_drafter(target: Path, out: Path, seed: int = 0, markov_rank: int = MARKOV_RANK) -> Path:
-    """A block-4, 2-layer DSpark drafter for ``target`` with its Markov head on: ``markov_w2`` ~ N(0, 1)."""
+def _dspark_drafter(target: Path, out: Path, seed: int = 0, markov_rank: int = MARKOV_RANK,
+                    markov_scale: float = 1.0) -> Path:
+    """A block-4, 2-layer DSpark drafter for ``target`` with its Markov head on: ``markov_w2`` ~ N(0, s^2),
+    s = ``markov_scale``."""
     from safetensors.torch import load_file
 
     from sglang_specopd.wire.drafter_init import init_drafter, save_drafter
@@ -63,7 +71,7 @@ def _dspark_drafter(target: Path, out: Path, seed: int = 0, markov_rank: int = M
     tensors = load_file(str(out / "model.safetensors"))
     w2 = "markov_head.markov_w2.weight"
     assert not tensors[w2].any(), "a fresh DSpark drafter has markov_w2 = 0"
-    tensors[w2] = torch.randn(tensors[w2].shape, generator=torch.Generator().manual_seed(seed + 5))
+    tensors[w2] = markov_scale * torch.randn(tensors[w2].shape, generator=torch.Generator().manual_seed(seed + 5))
     save_drafter(spec, {n: t.contiguous() for n, t in tensors.items()}, out, overwrite=True)
     return out
 
@@ -259,6 +267,50 @@ def test_dspark_traces_equal_trainer_walk(dspark_server: DSparkServer, walker: _
 
 
 @server
+def test_dspark_score_trees_replay_and_a_draft_opd_step(dspark_server: DSparkServer, walker: _Walker) -> None:
+    """``score_trees`` on the DSpark server, checked against what that server did: Draft-OPD's live rollouts at
+    T = 0 (traced, every record tagged with the served version), their recorded blocks scored in one call; the
+    trainer's DSpark drafter on the returned context features proposes exactly the block the server proposed at
+    every recorded anchor, and the target rows agree with every verify decision (argmax p equals the proposal on
+    accepted slots and differs from it at the first rejected one). Then one Draft-OPD step on the error anchors
+    (one more ``score_trees`` call): a finite positive loss whose gradient reaches the Markov head."""
+    from specopd_trainer.algorithms.draft_opd.replay import draft_opd_step, select_blocks
+    from specopd_trainer.algorithms.draft_opd.rollouts import live_source
+    from specopd_trainer.algorithms.sequential_opd.rollouts import (block_rows, pack_recorded_blocks,
+                                                                    score_recorded_blocks)
+    from specopd_trainer.client import SpecOPDClient
+
+    dspark_server.serve(dspark_server.drafter, "ds-draft-opd")
+    drafter = walker.drafter(dspark_server.drafter)
+    layers = list(drafter.spec.target_layer_ids)
+    prompts = [walker.tok(p)["input_ids"] for p in TINY_PROMPTS]
+    with SpecOPDClient(dspark_server.url, admin_api_key=ADMIN_KEY) as client:
+        source = live_source(client, prompts, block_size=TINY_BLOCK_SIZE, rollout_prompts=len(prompts),
+                             max_new_tokens=TINY_NEW_TOKENS, temperature=0.0, concurrency=len(prompts))
+        rollouts = source(torch.Generator().manual_seed(0))
+        assert rollouts and all(r.records for r in rollouts)
+        assert {x.drafter_version for r in rollouts for x in r.records} == {"ds-draft-opd"}
+        blocks = [pack_recorded_blocks(r.token_ids, [x.as_dict() for x in r.records], GAMMA) for r in rollouts]
+        scored = score_recorded_blocks(client, blocks, TINY_BLOCK_SIZE, layers)
+        rows = []
+        with torch.no_grad():
+            for r, b, sc in zip(rollouts, blocks, scored):
+                feats = sc.features.float()
+                p_rows, _, _ = block_rows(drafter, b, sc, "float32")
+                p_top = p_rows.argmax(-1)[b.packed.row_index].tolist()
+                rows += [(x, drafter.propose(feats[:x.anchor], r.token_ids[x.anchor], x.anchor).tolist(), top)
+                         for x, top in zip(r.records, p_top)]
+        assert check_replay(rows, GAMMA) >= 16
+        selected = select_blocks(rollouts, GAMMA, "error", 64, torch.Generator().manual_seed(0))
+        assert selected, "a random drafter must have rejected slots"
+        loss, m = draft_opd_step(drafter, client, selected, layers, head_dtype="float32")
+        loss.backward()
+    assert torch.isfinite(loss) and loss.item() > 0 and m["rejected_tokens"] > 0 and m["accepted_tokens"] >= 0
+    grad = drafter.get_parameter("markov_head.markov_w2.weight").grad
+    assert grad is not None and grad.abs().sum() > 0
+
+
+@server
 def test_dspark_temperature_one_traces(dspark_server: DSparkServer) -> None:
     """T = 1: the Markov-head sampler drafts, ``accept_sampling`` verifies; every trace invariant holds."""
     dspark_server.serve(dspark_server.drafter, "ds-initial")
@@ -270,6 +322,36 @@ def test_dspark_temperature_one_traces(dspark_server: DSparkServer) -> None:
         trace = check_trace(resp, TINY_BLOCK_SIZE, 24)
         proposals |= {t for r in trace for t in r["proposed"]}
     assert len(proposals) > 1, "sampled drafts should not all be one token"
+
+
+@server
+def test_dspark_served_q_at_t1_is_the_trainers(dspark_server: DSparkServer, walker: _Walker, tmp_path: Path) -> None:
+    """T = 1: the blocks the server draws follow the trainer's q on the same prefix (Markov head included): the
+    goodness-of-fit z of :mod:`_q_parity` over every traced slot is within 4.5 of 0, while the same drafts scored
+    under q at T = 0.5 or under another seed's drafter are far off (the statistic has power)."""
+    from _q_parity import fit_terms, z_score
+    from specopd_trainer.drafters.features import hf_context_features
+
+    # a peaked q (Markov bias x8): near-uniform draws over the vocabulary would leave the check without power
+    peaked = _dspark_drafter(dspark_server.target, tmp_path / "peaked", seed=3, markov_scale=8.0)
+    dspark_server.serve(peaked, "ds-q")
+    drafter = walker.drafter(peaked)
+    other = walker.drafter(_dspark_drafter(dspark_server.target, tmp_path / "peaked-other", seed=4, markov_scale=8.0))
+    served, tempered, wrong = [], [], []
+    for prompt in TINY_PROMPTS:
+        for _ in range(4):
+            resp = dspark_server.traced(prompt, 48, temperature=1.0)
+            seq = walker.tok(prompt)["input_ids"] + list(resp["output_ids"])
+            with torch.no_grad():
+                feats = hf_context_features(walker.model, torch.tensor(seq), drafter.spec.target_layer_ids)
+            records = resp["meta_info"][TRACE_KEY]
+            served.append(fit_terms(drafter, feats, seq, records, 1.0))
+            tempered.append(fit_terms(drafter, feats, seq, records, 1.0, q_temperature=0.5))
+            wrong.append(fit_terms(other, feats, seq, records, 1.0))
+    (z, n), z_tempered, z_wrong = z_score(served), z_score(tempered)[0], z_score(wrong)[0]
+    assert n >= 400, n
+    assert abs(z) < 4.5, (z, n, z_tempered, z_wrong)
+    assert abs(z_tempered) > 6 and abs(z_wrong) > 6, (z, z_tempered, z_wrong)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -395,6 +477,28 @@ def test_handle_dspark_hook_answers_cuda_only_on_cpu() -> None:
     gpu = args("cuda:0")
     assert handle_dspark_on_cpu(original, gpu) == "done"
     assert seen["cuda:0"] == ("cuda:0", True) and gpu._resolved_overrides == []
+
+
+def test_fused_kv_write_is_off_on_cpu() -> None:
+    """With its weights on the CPU a DSpark drafter gets no fused K/V-write bundle (SGLang's bf16-only Triton
+    kernel, "0 active drivers" on a CPU machine: it crashed the bf16 SmolLM2 DSpark server), so SGLang's
+    ``write_target_hidden_kv`` takes its per-layer torch path; weights elsewhere get SGLang's own bundle."""
+    import sglang.srt.models.dspark as dspark_model
+
+    from sglang_specopd.server.cpu.dspark import no_fused_kv_write_on_cpu
+
+    source = inspect.getsource(dspark_model.DSparkDraftMixin.write_target_hidden_kv)
+    assert "bundle = self._fused_kv_write_bundle(pool)" in source and "if bundle is not None:" in source
+    calls = []
+
+    def original(self, pool):
+        calls.append(pool)
+        return "bundle"
+
+    cpu = torch.nn.Linear(2, 2, dtype=torch.bfloat16)
+    assert no_fused_kv_write_on_cpu(original, cpu, "pool") is None and calls == []
+    elsewhere = torch.nn.Linear(2, 2, device="meta")
+    assert no_fused_kv_write_on_cpu(original, elsewhere, "pool") == "bundle" and calls == ["pool"]
 
 
 def test_serve_picks_specopd_dspark_for_a_dspark_drafter(tiny_serving_target: Path, tmp_path: Path) -> None:

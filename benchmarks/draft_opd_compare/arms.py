@@ -22,7 +22,7 @@ tokens per step than planned) is resumed for the steps the rest needs at its obs
 from __future__ import annotations
 
 import math
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 START = "sft_start"
 BASELINE = "sft_continued"
@@ -49,16 +49,22 @@ class ArmsError(ValueError):
     """A bad ``--arms`` value (the message is one line for the user)."""
 
 
+def select_names(text: str | None, valid: Sequence[str], option: str, error: type = ArmsError) -> List[str]:
+    """The names of ``valid`` named in ``text`` (comma-separated; None, "" or "all": every one), in ``valid``'s
+    order, each once. Raises ``error`` (one line: ``option``, the unknown names, the valid ones)."""
+    if text is None or text.strip() in ("", "all"):
+        return list(valid)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in valid]
+    if unknown or not names:
+        raise error(f"{option}: unknown {', '.join(unknown) or '(none given)'}; valid: {', '.join(valid)}")
+    return [a for a in valid if a in names]
+
+
 def select_arms(text: str | None) -> List[str]:
     """The arms named in ``text`` (comma-separated; None, "" or "all": every arm), in :data:`ARMS` order, each
     once. Raises :class:`ArmsError` naming unknown arms and listing the valid ones."""
-    if text is None or text.strip() in ("", "all"):
-        return list(ARMS)
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in ARMS]
-    if unknown or not names:
-        raise ArmsError(f"--arms: unknown {', '.join(unknown) or '(none given)'}; valid: {', '.join(ARMS)}")
-    return [a for a in ARMS if a in names]
+    return select_names(text, ARMS, "--arms")
 
 
 def draft_opd_steps(budget_tokens: int, g: int, max_blocks: int) -> int:

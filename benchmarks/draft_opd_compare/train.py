@@ -84,27 +84,43 @@ def budget_push(s: Session, arm: str, run_dir: Path, enforce: bool = True) -> Ca
     return push
 
 
+def last_metrics(run_dir: Path) -> Dict[str, Any]:
+    """The last row of ``run_dir/metrics.jsonl`` ({} when there is none yet)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return json.loads(lines[-1]) if lines else {}
+
+
 @contextlib.contextmanager
-def ticker(s: Session, arm: str, run_dir: Path, every_s: float = 60.0):
-    """While the block runs, log every ``every_s`` seconds the arm's last logged step and supervised tokens
-    (``run_dir/metrics.jsonl``, last row) to stderr."""
-    stop, t0 = threading.Event(), time.monotonic()
+def periodic(fn: Callable[[], None], every_s: float, name: str = "periodic"):
+    """While the block runs, call ``fn()`` every ``every_s`` seconds from a daemon thread (stopped and joined on
+    exit)."""
+    stop = threading.Event()
 
     def loop():
         while not stop.wait(every_s):
-            path = run_dir / "metrics.jsonl"
-            lines = path.read_text().splitlines() if path.is_file() else []
-            row = json.loads(lines[-1]) if lines else {}
-            s.log(f"[{arm}] {time.monotonic() - t0:.0f} s: step {row.get('step', 0)}, supervised tokens "
-                  f"{row.get('supervised_tokens', '-')} / {s.budget_tokens}, loss {row.get('loss', '-')}")
+            fn()
 
-    thread = threading.Thread(target=loop, name=f"ticker-{arm}", daemon=True)
+    thread = threading.Thread(target=loop, name=name, daemon=True)
     thread.start()
     try:
         yield
     finally:
         stop.set()
         thread.join()
+
+
+def ticker(s: Session, arm: str, run_dir: Path, every_s: float = 60.0):
+    """While the block runs, log every ``every_s`` seconds the arm's last logged step and supervised tokens
+    (``run_dir/metrics.jsonl``, last row) to stderr."""
+    t0 = time.monotonic()
+
+    def tick():
+        row = last_metrics(run_dir)
+        s.log(f"[{arm}] {time.monotonic() - t0:.0f} s: step {row.get('step', 0)}, supervised tokens "
+              f"{row.get('supervised_tokens', '-')} / {s.budget_tokens}, loss {row.get('loss', '-')}")
+
+    return periodic(tick, every_s, f"ticker-{arm}")
 
 
 def evaluate_per_request(s: Session) -> Dict[str, List[dict]]:

@@ -275,6 +275,10 @@ SYMBOLS: Tuple[Symbol, ...] = (
        used_by="cpu.patches", cpu_only=True),
     _s("DFlashAttention.__init__", "sglang.srt.models.dflash", "DFlashAttention.__init__", AFTER, ("self",),
        used_by="cpu.patches", cpu_only=True),
+    # DSpark drafters in bf16: the context K/V write goes through a fused Triton kernel unless the bundle is None
+    _s("DSparkDraftMixin._build_fused_kv_write_bundle", "sglang.srt.models.dspark",
+       "DSparkDraftMixin._build_fused_kv_write_bundle", AROUND, ("self", "pool"), used_by="cpu.dspark",
+       cpu_only=True),
     _s("TorchNativeAttnBackend", _TN, "TorchNativeAttnBackend", R, used_by="cpu.patches", cpu_only=True,
        attrs=("token_to_kv_pool", "req_to_token_pool", "swa_out_cache_loc")),
     _s("TorchNativeAttnBackend.forward_extend", _TN, "TorchNativeAttnBackend.forward_extend", AROUND,

@@ -4,7 +4,8 @@ Opens with the results summary (:mod:`sglang_specopd.app.bench.report_summary`),
 into README.md (:mod:`sglang_specopd.app.bench.report_readme`). Reads every known result (``concurrency_*.json``,
 ``serve_smollm2_cpu.json``, ``sft_smollm2[_big]_cpu.json``, ``specopd_smollm2_cpu.json``,
 ``specopd_sweep*_smollm2_cpu.json``, ``tree_scoring_cpu.json``, ``kernels_gpu.json``; when present
-``tree_scoring_gdn_cpu.json``, ``tree_scoring_qsa_cpu.json`` and the reference-drafter files; not ``history/``)
+``tree_scoring_gdn_cpu.json``, ``tree_scoring_qsa_cpu.json``, the reference-drafter, Draft-OPD and
+drafter-architecture (``drafter_archs_smollm2_cpu.json``, :mod:`.report_archs`) files; not ``history/``)
 defensively: a missing file or key is skipped with a line saying so, never an exception. Every number in the
 report is read from those files; the findings about where speculative decoding wins or loses are derived from them
 (throughput ratio, tau, and the measured cost of one draft + verify step in plain decode steps, the break-even
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from sglang_specopd.app.bench.report_archs import drafter_archs_section
 from sglang_specopd.app.bench.report_plots import plot_acceptance, plot_speedup, plot_throughput
 from sglang_specopd.app.bench.report_readme import (README_END, README_START, check_readme,  # noqa: F401 (API)
                                                     update_readme)
@@ -32,7 +34,7 @@ KNOWN_FILES = ("serve_smollm2_cpu.json", "sft_smollm2_cpu.json", "sft_smollm2_bi
 OPTIONAL_FILES = ("cpu_dtype_cpu.json", "cpu_attention_smollm2_cpu.json", "reference_corpus_smollm2_cpu.json",
                   "reference_drafter_smollm2_cpu.json", "tree_scoring_gdn_cpu.json", "tree_scoring_qsa_cpu.json",
                   "draft_opd_live_traffic_smollm2_cpu.json", "verify_cost_smollm2_cpu.json",
-                  "draft_opd_smollm2_cpu.json")
+                  "draft_opd_smollm2_cpu.json", "drafter_archs_smollm2_cpu.json")
 CONCURRENCY_GLOB = "concurrency_*.json"
 SWEEP_GLOB = "specopd_sweep*_smollm2_cpu.json"
 # Draft-OPD comparisons beside the main one: the LR sweep on validation prompts and held-out runs at another LR
@@ -187,6 +189,7 @@ def _other_sections(results: Mapping[str, Mapping[str, Any]]) -> List[str]:
         out.append("")
     for name in sorted(n for n in results if n.startswith("specopd_sweep")):
         out += _sweep_section(name, results[name])
+    out += drafter_archs_section(results.get("drafter_archs_smollm2_cpu.json"))
     out += _kernels_gpu_section(results.get("kernels_gpu.json"))
     for name in ("tree_scoring_cpu.json", "tree_scoring_gdn_cpu.json", "tree_scoring_qsa_cpu.json"):
         out += _tree_scoring_section(name, results.get(name))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, List, Mapping, Optional
 
+from sglang_specopd.app.bench.report_archs import drafter_archs_summary
 from sglang_specopd.app.bench.report_sections import _f, _get, _int, _num
 from sglang_specopd.app.bench.report_summary_opd import _draft_opd_comparison, _live_traffic
 
@@ -308,7 +309,8 @@ def results_summary(results: Mapping[str, Mapping[str, Any]], results_dir: str =
                      ("reference_corpus_smollm2_cpu.json", _corpus),
                      ("reference_drafter_smollm2_cpu.json", _reference_drafter),
                      ("draft_opd_smollm2_cpu.json", _draft_opd_comparison),
-                     ("draft_opd_live_traffic_smollm2_cpu.json", _live_traffic)):
+                     ("draft_opd_live_traffic_smollm2_cpu.json", _live_traffic),
+                     ("drafter_archs_smollm2_cpu.json", drafter_archs_summary)):
         if name in results:
             items += fn(name, results[name])
     for name in sorted(n for n in results if n.startswith(("draft_opd_sweep", "draft_opd_lr"))):

@@ -3,8 +3,8 @@
 SGLang 0.5.23 serves a DSpark drafter with ``--speculative-algorithm DSPARK``
 (``speculative/dspark_components/dspark_worker_v2.DSparkWorkerV2``); the plugin's ``SPECOPD_DSPARK``
 (:mod:`sglang_specopd.server.algorithm_dspark`: that worker plus traces and hot swap) resolves its arguments with the
-same ``_handle_dspark``, so everything below applies to it too. On that path exactly one piece refuses a CPU-only
-machine, and it is replaced here for the CPU device only (on GPU the hook calls SGLang's code as is):
+same ``_handle_dspark``, so everything below applies to it too. On that path two pieces refuse a CPU-only machine,
+and they are replaced here for the CPU device only (on GPU the hooks call SGLang's code as is):
 
 * ``speculative_hook._handle_dspark`` (argument resolution) raises "DSpark speculative decoding only supports CUDA,
   NPU or XPU device." for every other device. Its only reads of ``cfg.device`` are that gate and ``_is_npu``
@@ -15,6 +15,12 @@ machine, and it is replaced here for the CPU device only (on GPU the hook calls 
   (restored after, also on error), then the overlap schedule is declared off as SGLang's own
   ``_disable_overlap_schedule_for_cpu`` does for EAGLE / NGRAM ("Overlap schedule is not implemented for
   speculative decoding on CPU").
+* ``DSparkDraftMixin._build_fused_kv_write_bundle``: with bf16 drafter weights (a bf16 target such as SmolLM2 under
+  ``dtype: auto``) it builds the bundle for ``fused_kv_norm_rope_write``, a Triton kernel that needs a GPU driver
+  ("0 active drivers"), which the drafter's prefill KV injection then calls. On CPU the hook answers None, which
+  SGLang itself answers for fp32 weights or an unsupported pool layout: the per-layer torch path (``kv_proj_only``,
+  ``apply_k_norm``, ``apply_k_rope``, the pool's ``set_kv_buffer``), the same values unfused. fp32 drafters
+  (the tiny test servers) never built the bundle.
 
 The rest of the DSPARK path already runs on CPU, eagerly, through SGLang's own code or earlier adaptations:
 
@@ -71,6 +77,16 @@ def handle_dspark_on_cpu(original_fn, server_args):
     compat.get("_disable_overlap_schedule_for_cpu")(server_args)
 
 
+def no_fused_kv_write_on_cpu(original_fn, self, pool):
+    """AROUND hook for ``DSparkDraftMixin._build_fused_kv_write_bundle``: None (SGLang's unfused torch K/V write)
+    when the drafter's weights are on the CPU, else SGLang's bundle."""
+    weight = next(self.parameters(), None)
+    if weight is None or weight.device.type == "cpu":
+        return None
+    return original_fn(self, pool)
+
+
 def register_dspark_adaptations() -> None:
     """Register the DSPARK-on-CPU hooks with SGLang's HookRegistry (CPU engine only)."""
     compat.hook("_handle_dspark", handle_dspark_on_cpu)
+    compat.hook("DSparkDraftMixin._build_fused_kv_write_bundle", no_fused_kv_write_on_cpu)

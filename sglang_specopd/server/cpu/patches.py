@@ -26,8 +26,9 @@ time and otherwise defers to SGLang's original code, so nothing here changes GPU
 12. DFlash V2 drafters (``DFlash2DraftModel``): the candidate selector's flashinfer top-k and its
     ``torch.compile``'d lattice / walk run as torch on CPU (:mod:`sglang_specopd.server.cpu.dflash2`).
 16. DSpark drafters under SGLang's DSPARK worker (DSPARK, and the plugin's SPECOPD_DSPARK): its argument
-    resolution accepts the CPU device (:mod:`sglang_specopd.server.cpu.dspark`); the rest of that path runs on CPU
-    through SGLang's torch references and adaptations 3-5 and 8.
+    resolution accepts the CPU device and a bf16 drafter writes its context K/V unfused, without SGLang's Triton
+    kernel (:mod:`sglang_specopd.server.cpu.dspark`); the rest of that path runs on CPU through SGLang's torch
+    references and adaptations 3-5 and 8.
 """
 
 from __future__ import annotations
