@@ -60,3 +60,29 @@ def z_score(terms: Sequence[Tuple[float, float, int]]) -> Tuple[float, int]:
     s = sum(x[0] for x in terms)
     v = sum(x[1] for x in terms)
     return s / math.sqrt(max(v, 1e-12)), sum(x[2] for x in terms)
+
+
+def sampled_fit(traced, tok, model, drafter, other, prompts: Sequence[str], n_tokens: int = 48, repeats: int = 4
+                ) -> Tuple[float, int, float, float]:
+    """Trace ``repeats`` T = 1 requests of ``n_tokens`` per prompt (``traced(prompt, n, temperature=...)``: the
+    server's reply with ``meta_info.specopd_trace``) and score every traced slot: ``(z, slots, z under q at
+    T = 0.5, z under the ``other`` drafter's q)``. ``tok`` / ``model``: the target's HF tokenizer and fp32 model
+    (context features). A draw outside ``other``'s candidates (V2) makes its z -inf-like (-1e9 for that request)."""
+    from specopd_trainer.drafters.features import hf_context_features
+
+    served, tempered, wrong = [], [], []
+    for prompt in prompts:
+        for _ in range(repeats):
+            resp = traced(prompt, n_tokens, temperature=1.0)
+            seq = tok(prompt)["input_ids"] + list(resp["output_ids"])
+            with torch.no_grad():
+                feats = hf_context_features(model, torch.tensor(seq), drafter.spec.target_layer_ids)
+            records = resp["meta_info"]["specopd_trace"]
+            served.append(fit_terms(drafter, feats, seq, records, 1.0))
+            tempered.append(fit_terms(drafter, feats, seq, records, 1.0, q_temperature=0.5))
+            try:
+                wrong.append(fit_terms(other, feats, seq, records, 1.0))
+            except AssertionError:  # a draw outside the other drafter's candidates: as wrong as it gets
+                wrong.append((-1e9, 1.0, 1))
+    z, n = z_score(served)
+    return z, n, z_score(tempered)[0], z_score(wrong)[0]

@@ -281,30 +281,15 @@ def test_v2_served_q_at_t1_is_the_trainers(v2_server: V2Server) -> None:
     or under another drafter are far off (the statistic has power)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from _q_parity import fit_terms, z_score
+    from _q_parity import sampled_fit
     from specopd_trainer.drafters.dflash2 import DFlash2Drafter
-    from specopd_trainer.drafters.features import hf_context_features
 
     tok = AutoTokenizer.from_pretrained(v2_server.target)
     model = AutoModelForCausalLM.from_pretrained(v2_server.target, dtype=torch.float32).eval()
     v2_server.serve(v2_server.strong, "q-strong")
     drafter = DFlash2Drafter.from_pretrained(v2_server.strong, v2_server.target).eval()
     other = DFlash2Drafter.from_pretrained(v2_server.drafter, v2_server.target).eval()
-    served, tempered, wrong = [], [], []
-    for prompt in TINY_PROMPTS:
-        for _ in range(4):
-            resp = v2_server.traced(prompt, 48, temperature=1.0)
-            seq = tok(prompt)["input_ids"] + list(resp["output_ids"])
-            with torch.no_grad():
-                feats = hf_context_features(model, torch.tensor(seq), drafter.spec.target_layer_ids)
-            records = resp["meta_info"][TRACE_KEY]
-            served.append(fit_terms(drafter, feats, seq, records, 1.0))
-            tempered.append(fit_terms(drafter, feats, seq, records, 1.0, q_temperature=0.5))
-            try:
-                wrong.append(fit_terms(other, feats, seq, records, 1.0))
-            except AssertionError:  # a draw outside the other drafter's candidates: as wrong as it gets
-                wrong.append((-1e9, 1.0, 1))
-    (z, n), z_tempered, z_wrong = z_score(served), z_score(tempered)[0], z_score(wrong)[0]
+    z, n, z_tempered, z_wrong = sampled_fit(v2_server.traced, tok, model, drafter, other, TINY_PROMPTS)
     assert n >= 400, n
     assert abs(z) < 4.5, (z, n, z_tempered, z_wrong)
     assert abs(z_tempered) > 6 and abs(z_wrong) > 6, (z, z_tempered, z_wrong)

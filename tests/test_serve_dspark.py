@@ -329,26 +329,15 @@ def test_dspark_served_q_at_t1_is_the_trainers(dspark_server: DSparkServer, walk
     """T = 1: the blocks the server draws follow the trainer's q on the same prefix (Markov head included): the
     goodness-of-fit z of :mod:`_q_parity` over every traced slot is within 4.5 of 0, while the same drafts scored
     under q at T = 0.5 or under another seed's drafter are far off (the statistic has power)."""
-    from _q_parity import fit_terms, z_score
-    from specopd_trainer.drafters.features import hf_context_features
+    from _q_parity import sampled_fit
 
     # a peaked q (Markov bias x8): near-uniform draws over the vocabulary would leave the check without power
     peaked = _dspark_drafter(dspark_server.target, tmp_path / "peaked", seed=3, markov_scale=8.0)
     dspark_server.serve(peaked, "ds-q")
     drafter = walker.drafter(peaked)
     other = walker.drafter(_dspark_drafter(dspark_server.target, tmp_path / "peaked-other", seed=4, markov_scale=8.0))
-    served, tempered, wrong = [], [], []
-    for prompt in TINY_PROMPTS:
-        for _ in range(4):
-            resp = dspark_server.traced(prompt, 48, temperature=1.0)
-            seq = walker.tok(prompt)["input_ids"] + list(resp["output_ids"])
-            with torch.no_grad():
-                feats = hf_context_features(walker.model, torch.tensor(seq), drafter.spec.target_layer_ids)
-            records = resp["meta_info"][TRACE_KEY]
-            served.append(fit_terms(drafter, feats, seq, records, 1.0))
-            tempered.append(fit_terms(drafter, feats, seq, records, 1.0, q_temperature=0.5))
-            wrong.append(fit_terms(other, feats, seq, records, 1.0))
-    (z, n), z_tempered, z_wrong = z_score(served), z_score(tempered)[0], z_score(wrong)[0]
+    z, n, z_tempered, z_wrong = sampled_fit(dspark_server.traced, walker.tok, walker.model, drafter, other,
+                                            TINY_PROMPTS)
     assert n >= 400, n
     assert abs(z) < 4.5, (z, n, z_tempered, z_wrong)
     assert abs(z_tempered) > 6 and abs(z_wrong) > 6, (z, z_tempered, z_wrong)

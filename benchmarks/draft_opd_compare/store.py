@@ -27,7 +27,8 @@ class SetupMismatchError(ValueError):
     """The run directory holds arms measured with other settings (one line for the user)."""
 
 
-def _atomic_write(path: Path, obj: Any) -> None:
+def atomic_write_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` atomically (a temporary file beside it, then ``os.replace``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     with os.fdopen(fd, "w") as fh:
@@ -40,7 +41,7 @@ def check_setup(run_dir: Path, setup: Mapping[str, Any]) -> None:
     differs from the stored one (arms measured under other settings cannot be merged)."""
     path = Path(run_dir) / "setup.json"
     if not path.is_file():
-        _atomic_write(path, dict(setup))
+        atomic_write_json(path, dict(setup))
         return
     old = json.loads(path.read_text())
     diff = sorted(k for k in set(old) | set(setup) if old.get(k) != setup.get(k))
@@ -57,7 +58,7 @@ def arm_path(run_dir: Path, arm: str) -> Path:
 def save_arm(run_dir: Path, arm: str, result: Mapping[str, Any]) -> Path:
     """Write one finished arm's result atomically; returns its path."""
     path = arm_path(run_dir, arm)
-    _atomic_write(path, {"arm": arm, **result})
+    atomic_write_json(path, {"arm": arm, **result})
     return path
 
 
@@ -71,7 +72,9 @@ def finished_arms(run_dir: Path) -> Dict[str, Dict[str, Any]]:
     return out
 
 
-def _safe(fn, *args, **kw) -> Dict[str, Any]:
+def safe_part(fn, *args, **kw) -> Dict[str, Any]:
+    """``fn(*args, **kw)``, or ``{"error": reason}`` when it raises ValueError (a part of a result that cannot be
+    computed, e.g. a domain without verify steps, is reported rather than fatal)."""
     try:
         return fn(*args, **kw)
     except ValueError as exc:  # a domain without verify steps / no common prompts
@@ -91,12 +94,12 @@ def assemble(results: Mapping[str, Mapping[str, Any]], domains: Sequence[str], *
     from specopd_trainer.intervals import acceptance_intervals, paired_difference
 
     arms = [a for a in ARMS if a in results]
-    acc = {a: {t: _safe(acceptance_intervals, results[a]["per_request"][t], domains, n_boot=n_boot) for t in TEMPS}
+    acc = {a: {t: safe_part(acceptance_intervals, results[a]["per_request"][t], domains, n_boot=n_boot) for t in TEMPS}
            for a in arms}
     diffs: Dict[str, Any] = {}
     if BASELINE in results:
         base = results[BASELINE]["per_request"]
-        diffs = {a: {t: _safe(paired_difference, results[a]["per_request"][t], base[t], domains, n_boot=n_boot)
+        diffs = {a: {t: safe_part(paired_difference, results[a]["per_request"][t], base[t], domains, n_boot=n_boot)
                      for t in TEMPS} for a in arms if a != BASELINE}
     noise = {t: [a for a in diffs if diffs[a][t].get("inside_noise")] for t in TEMPS}
     tokens = {a: int(results[a].get("supervised_tokens", 0)) for a in arms}

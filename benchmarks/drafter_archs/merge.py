@@ -11,16 +11,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Sequence
 
+from draft_opd_compare.store import safe_part
 from drafter_archs.store import ARCHS, BASELINE_ARCH, EVAL_PHASES, PHASES, TEMPS
 
 STAGES = tuple(EVAL_PHASES.values())  # ("sft", "specopd")
-
-
-def _safe(fn, *args, **kw) -> Dict[str, Any]:
-    try:
-        return fn(*args, **kw)
-    except ValueError as exc:
-        return {"error": str(exc)}
 
 
 def per_request(done: Mapping[str, Mapping[str, Any]]) -> Dict[str, Dict[str, Dict[str, list]]]:
@@ -49,7 +43,7 @@ def _arch_block(phases: Mapping[str, Mapping[str, Any]], rows: Mapping[str, Mapp
     init, serve = phases.get("init") or {}, phases.get("serve")
     serv = serving(serve) if serve else {}
     return {
-        "acceptance": {stage: {t: _safe(acceptance_intervals, r[t], domains, n_boot=n_boot) for t in TEMPS}
+        "acceptance": {stage: {t: safe_part(acceptance_intervals, r[t], domains, n_boot=n_boot) for t in TEMPS}
                        for stage, r in rows.items()},
         "speedup": {c: v["speedup"] for c, v in serv.items()},
         "serving": serv,
@@ -85,10 +79,10 @@ def assemble(done: Mapping[str, Mapping[str, Mapping[str, Any]]], domains: Seque
     for stage in STAGES:
         if stage not in base:
             continue
-        vs[stage] = {a: {t: _safe(paired_difference, rows[a][stage][t], base[stage][t], domains, n_boot=n_boot)
+        vs[stage] = {a: {t: safe_part(paired_difference, rows[a][stage][t], base[stage][t], domains, n_boot=n_boot)
                          for t in TEMPS}
                      for a in archs if a != BASELINE_ARCH and stage in rows.get(a, {})}
-    own = {a: {t: _safe(paired_difference, r["specopd"][t], r["sft"][t], domains, n_boot=n_boot) for t in TEMPS}
+    own = {a: {t: safe_part(paired_difference, r["specopd"][t], r["sft"][t], domains, n_boot=n_boot) for t in TEMPS}
            for a, r in rows.items() if "sft" in r and "specopd" in r}
     noise: List[str] = []
     for stage, by_arch in vs.items():

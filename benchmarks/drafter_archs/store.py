@@ -61,16 +61,12 @@ def phase_path(run_dir: Path, arch: str, phase: str, temp: Optional[str] = None)
     return arch_dir(run_dir, arch) / "phases" / name
 
 
-def _atomic_json(path: Path, obj: Any) -> None:
-    from specopd_trainer.checkpoint import atomic_write_bytes
-
-    atomic_write_bytes(Path(path), lambda fh: fh.write(json.dumps(obj).encode()))
-
-
 def save_phase(run_dir: Path, arch: str, phase: str, record: Mapping[str, Any], temp: Optional[str] = None) -> Path:
     """Write one finished phase (or one temperature of an evaluation phase) atomically; returns its path."""
+    from draft_opd_compare.store import atomic_write_json
+
     path = phase_path(run_dir, arch, phase, temp)
-    _atomic_json(path, {"arch": arch, "phase": phase, **({"temp": temp} if temp else {}), **record})
+    atomic_write_json(path, {"arch": arch, "phase": phase, **({"temp": temp} if temp else {}), **record})
     return path
 
 

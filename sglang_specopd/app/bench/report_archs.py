@@ -6,24 +6,15 @@ from __future__ import annotations
 
 from typing import Any, List, Mapping
 
-from sglang_specopd.app.bench.report_sections import _f, _get, _int, _num, _provenance
+from sglang_specopd.app.bench.report_sections import _f, _get, _int, _num, _provenance, ci_text
 
 NAME = "drafter_archs_smollm2_cpu.json"
 STAGES = ("sft", "specopd")
 STAGE_LABELS = {"sft": "SFT", "specopd": "SpecOPD"}
 
 
-def _ci(d: Any, signed: bool = False) -> str:
-    """``"1.234 [1.200, 1.270]"`` (``signed``: ``"+0.012 [-0.004, +0.030]"``), ``"-"`` without a mean."""
-    if not isinstance(d, Mapping) or not _num(d.get("mean")):
-        return "-"
-    lo, hi = d.get("ci95") or [float("nan")] * 2
-    fmt = "{:+.3f}" if signed else "{:.3f}"
-    return f"{fmt.format(d['mean'])} [{fmt.format(lo)}, {fmt.format(hi)}]"
-
-
 def _diff(d: Any) -> str:
-    text = _ci(d, signed=True)
+    text = ci_text(d, signed=True)
     return text + (", inside the noise" if isinstance(d, Mapping) and d.get("inside_noise") else "")
 
 
@@ -51,7 +42,7 @@ def drafter_archs_summary(name: str, data: Mapping[str, Any]) -> List[str]:
             t0 = _get(block, "acceptance", stage, "T0")
             if not _num(_get(t0, "mean")):
                 continue
-            text = f"{STAGE_LABELS[stage]} {_ci(t0)}"
+            text = f"{STAGE_LABELS[stage]} {ci_text(t0)}"
             notes = []
             if arch != "dflash" and _get(vs, stage, arch, "T0"):
                 notes.append(f"vs DFlash {_diff(_get(vs, stage, arch, 'T0'))}")
@@ -88,7 +79,7 @@ def drafter_archs_section(data: Any) -> List[str]:
     for arch, block in archs.items():
         for stage in STAGES:
             acc = _get(block, "acceptance", stage) or {}
-            out.append(f"| {arch} | {STAGE_LABELS[stage]} | {_ci(acc.get('T0'))} | {_ci(acc.get('T1'))} | "
+            out.append(f"| {arch} | {STAGE_LABELS[stage]} | {ci_text(acc.get('T0'))} | {ci_text(acc.get('T1'))} | "
                        f"{_int(_get(block, 'supervised_tokens', stage))} | {_f(_get(block, 'wall_s', stage), 0)} | "
                        f"{_int(_get(block, 'params', 'trainable'))} |")
     out.append("")

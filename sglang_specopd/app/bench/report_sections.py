@@ -22,6 +22,16 @@ def _f(x: Any, digits: int = 2, scale: float = 1.0, suffix: str = "") -> str:
     return f"{x * scale:.{digits}f}{suffix}" if isinstance(x, (int, float)) and not isinstance(x, bool) else "-"
 
 
+def ci_text(d: Any, signed: bool = False) -> str:
+    """An interval cell of a result (``{"mean", "ci95": [lo, hi]}``) as ``"1.234 [1.200, 1.270]"`` (``signed``:
+    ``"+0.012 [-0.004, +0.030]"``); ``"-"`` without a numeric mean, ``nan`` bounds without ``ci95``."""
+    if not isinstance(d, Mapping) or not _num(d.get("mean")):
+        return "-"
+    lo, hi = d.get("ci95") or [float("nan")] * 2
+    fmt = "{:+.3f}" if signed else "{:.3f}"
+    return f"{fmt.format(d['mean'])} [{fmt.format(lo)}, {fmt.format(hi)}]"
+
+
 def _num(x: Any) -> bool:
     """A real number (int or float, not bool)."""
     return isinstance(x, (int, float)) and not isinstance(x, bool)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, List, Mapping
 
-from sglang_specopd.app.bench.report_sections import _f, _int, _num
+from sglang_specopd.app.bench.report_sections import _f, _int, _num, ci_text
 
 
 def _draft_opd_comparison(name: str, data: Mapping[str, Any], *, list_missing: bool = True) -> List[str]:
@@ -20,13 +20,11 @@ def _draft_opd_comparison(name: str, data: Mapping[str, Any], *, list_missing: b
 
     def one(arm: str) -> str:
         t0, t1 = acc[arm]["T0"], (acc[arm].get("T1") or {})
-        lo, hi = t0.get("ci95") or [float("nan")] * 2
-        text = f"{arm} {_f(t0['mean'], 3)} [{_f(lo, 3)}, {_f(hi, 3)}]"
+        text = f"{arm} {ci_text(t0)}"
         d = (diffs.get(arm) or {}).get("T0") or {}
         if _num(d.get("mean")):
-            dlo, dhi = d.get("ci95") or [float("nan")] * 2
-            text += (f" (vs continued SFT {d['mean']:+.3f} [{dlo:+.3f}, {dhi:+.3f}]"
-                     f"{', inside the noise' if d.get('inside_noise') else ''})")
+            noise = ", inside the noise" if d.get("inside_noise") else ""
+            text += f" (vs continued SFT {ci_text(d, signed=True)}{noise})"
         return text + (f", T1 {_f(t1['mean'], 3)}" if _num(t1.get("mean")) else "")
 
     missing = (data.get("missing_arms") or []) if list_missing else []
@@ -67,5 +65,4 @@ def _live_traffic(name: str, data: Mapping[str, Any]) -> List[str]:
 def _change(d: Any) -> str:
     if not isinstance(d, Mapping) or not _num(d.get("mean")):
         return ""
-    lo, hi = d.get("ci95") or [float("nan")] * 2
-    return f", change {d['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+    return f", change {ci_text(d, signed=True)}"
