@@ -166,6 +166,64 @@ def test_traffic_mode_trains_on_recorded_requests(tmp_path: Path) -> None:
                         progress=False, sleep=waits.append)
 
 
+class CursorSpool(FakeServer):
+    """A spool read with a cursor and not purged, like the real client: oldest first, ``max_items`` per read, and
+    ``last_traffic`` says how many items wait after the cursor."""
+
+    def __init__(self):
+        super().__init__()
+        self.cursor, self.reads = 0, 0
+
+    def traffic(self, max_items):
+        self.reads += 1
+        items = self.spool[self.cursor:self.cursor + max_items]
+        self.cursor += len(items)
+        self.last_traffic = SimpleNamespace(next_after=self.cursor, stats=SimpleNamespace(newest_seq=len(self.spool)))
+        return items
+
+
+def test_traffic_backlog_of_stale_records_is_read_through_without_waiting(tmp_path: Path) -> None:
+    """CI regression: on a busy server the traffic recorded during a step (by the drafter pushed before it) piles
+    up; after the next push it is all stale. One read of ``traffic_items`` per poll interval never caught up with
+    the new traffic ("no usable traffic within 60 s", 6,476 stale records dropped). Now the reader reads on at
+    once while there is a backlog and waits only when it has read everything."""
+    from specopd_trainer.algorithms.draft_opd.loop import train_draft_opd
+
+    server = CursorSpool()
+
+    def record(n, version):
+        old, server.version = server.version, version
+        for i in range(n):
+            p = PROMPTS[i % len(PROMPTS)]
+            out = server.generate(p, max_new_tokens=10)
+            server.spool.append({"input_ids": p + out["output_ids"], "prompt_len": len(p),
+                                 "trace": out["meta_info"]["specopd_trace"]})
+        server.version = old
+
+    def push(step, drafter):  # the run's push at step 0: 40 requests by the previous drafter are still unread
+        server.version = f"draftopd-run-step{step}"
+        record(40, "init")
+        record(3, server.version)
+        return server.version
+
+    waits = []
+    summary = train_draft_opd(tiny_drafter(), server, [], tmp_path / "t",
+                              _cfg(steps=1, from_traffic=True, push_every=1, traffic_items=4, max_staleness=0,
+                                   traffic_wait_s=600), push=push, progress=False, sleep=waits.append)
+    m = summary["metrics"]
+    assert waits == [] and server.reads == 11  # 40 stale items in 10 reads of 4, then the fresh ones
+    assert m["stale_records"] == sum(len(it["trace"]) for it in server.spool[:40]) and m["records"] > 0
+
+    # with nothing unread left the reader waits for new traffic (one poll interval after each empty read but the
+    # last, which ends at the deadline)
+    server2 = CursorSpool()
+    with pytest.raises(ValueError, match="no usable traffic"):
+        train_draft_opd(tiny_drafter(), server2, [], tmp_path / "empty",
+                        _cfg(steps=1, from_traffic=True, push_every=0, traffic_wait_s=1e-3), push=_pusher(server2, []),
+                        progress=False, sleep=waits.append)
+    assert server2.reads >= 2 and waits == [2.0] * (server2.reads - 1)
+
+
 @pytest.mark.parametrize("options", [{"replay": False}, {"loss": "fkl_only"}, {"loss": "rkl_only"},
                                      {"anchors": "random"}, {"rejected_slots": "first"}])
 def test_ablations_run_and_differ_from_the_method(tmp_path: Path, options) -> None:

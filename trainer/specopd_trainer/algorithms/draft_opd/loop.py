@@ -89,7 +89,8 @@ def train_draft_opd(drafter, client, prompts: Sequence[List[int]], run_dir: str 
             if cfg.from_traffic:
                 if time.monotonic() >= deadline:
                     raise ValueError(f"no usable traffic within {cfg.traffic_wait_s:g} s (dropped: {dropped})")
-                sleep(TRAFFIC_POLL_S)
+                if not getattr(source, "backlog", 0):  # nothing recorded and unread: wait for new traffic
+                    sleep(TRAFFIC_POLL_S)
 
     def step_fn(step: int, gen: torch.Generator):
         if cfg.push_every and step % cfg.push_every == 0:

@@ -96,21 +96,40 @@ def live_source(client, prompts: Sequence[List[int]], *, block_size: int, rollou
     return source
 
 
-def traffic_source(client, *, block_size: int, max_items: int, purge: bool = True) -> RolloutSource:
+class TrafficSource:
     """Per call: up to ``max_items`` recorded traffic items (``client.traffic(max_items)``), then
     ``client.purge_traffic()`` when ``purge``. Items without ``input_ids`` or with a ``prompt_len`` outside
-    the sequence are skipped. (Traffic is what clients sent: the generator is not used.)"""
+    the sequence are skipped. (Traffic is what clients sent: the generator is not used.)
 
-    def source(gen: torch.Generator) -> List[TracedRollout]:
-        items = client.traffic(max_items)
-        if purge:
-            client.purge_traffic()
+    :attr:`backlog` is how many items the server held after the last read's cursor (its ``stats.newest_seq``
+    minus the reply's ``next_after``; 0 after a purge or with a client that does not say): a reader that finds
+    only stale records reads on at once while there is a backlog instead of waiting for new traffic (on a busy
+    server, traffic recorded during a training step outruns one read per poll interval)."""
+
+    def __init__(self, client, *, block_size: int, max_items: int, purge: bool = True):
+        self.client, self.block_size, self.max_items, self.purge = client, block_size, max_items, purge
+
+    @property
+    def backlog(self) -> int:
+        """Items recorded after the last read's cursor and not yet read (0 when unknown)."""
+        reply = getattr(self.client, "last_traffic", None)
+        if self.purge or reply is None:
+            return 0
+        return max(0, int(reply.stats.newest_seq) - int(reply.next_after))
+
+    def __call__(self, gen: torch.Generator) -> List[TracedRollout]:
+        items = self.client.traffic(self.max_items)
+        if self.purge:
+            self.client.purge_traffic()
         out = []
         for it in items:
             ids, plen = list(it.get("input_ids") or []), int(it.get("prompt_len", -1))
             if not ids or not 0 < plen <= len(ids):
                 continue
-            out.append(TracedRollout(ids, plen, verify_records(it.get("trace") or [], block_size)))
+            out.append(TracedRollout(ids, plen, verify_records(it.get("trace") or [], self.block_size)))
         return out
 
-    return source
+
+def traffic_source(client, *, block_size: int, max_items: int, purge: bool = True) -> TrafficSource:
+    """The recorded-traffic rollout source (:class:`TrafficSource`)."""
+    return TrafficSource(client, block_size=block_size, max_items=max_items, purge=purge)
