@@ -190,3 +190,25 @@ def test_main_job_output_is_formatted() -> None:
     assert describe_pushes([7]) == "redeployed hot 1 time (step 7)" and describe_pushes([]) == "not redeployed"
     assert format_timings({"collect_s": 45.4, "sft_s": 361.0, "specopd_s": 610.6}) == \
         "collect 45 s, sft 361 s, specopd 611 s"
+
+
+def test_main_job_lr_follows_the_start_and_the_change_line_reads_the_interval() -> None:
+    from sglang_specopd.app.main_job import CONVERGED_START_LR, MainJobConfig, describe_change, specopd_lr
+    from specopd_trainer.intervals import paired_difference
+
+    assert specopd_lr(MainJobConfig(), 1e-3, from_reference=False) == 1e-3
+    assert specopd_lr(MainJobConfig(), 1e-3, from_reference=True) == CONVERGED_START_LR < 1e-3
+    assert specopd_lr(MainJobConfig(specopd_lr=2e-4), 1e-3, from_reference=True) == 2e-4
+    with pytest.raises(ValueError):
+        MainJobConfig(specopd_lr=0)
+    # 2 prompts per domain (completion tokens / verify steps) 12/8 and 10/10 before, 16/8 and 10/10 after: a domain's
+    # tau pools its requests, 22/18 -> 26/18, so the change is +4/18 in each domain and in their mean
+    domains = ["a", "b"]
+    before = [{"id": f"{d}{i}", "domain": d, "completion_tokens": c, "verify_steps": v}
+              for d in domains for i, (c, v) in enumerate([(12, 8), (10, 10)])]
+    after = [{**r, "completion_tokens": 16} if r["id"].endswith("0") else r for r in before]
+    change = paired_difference(after, before, domains)
+    assert change["mean"] == pytest.approx(4 / 18)
+    line = describe_change(change)
+    assert line.startswith("change after SpecOPD: +0.222 [") and "over 4 prompts" in line
+    assert ("inside the noise" in line) == change["inside_noise"]

@@ -13,11 +13,15 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
 ADMIN_KEY = "specopd-main-job"
+# SpecOPD's peak LR from the shipped reference drafter (converged SFT on 650k response tokens): the recipe's 1e-3 is
+# tuned for a short-SFT start and lowers a converged drafter's acceptance; chosen on validation prompts at the main
+# job's budget in benchmarks/results/specopd_sweep_refstart_smollm2_cpu.json
+CONVERGED_START_LR = 1e-4
 
 
 class MainJobConfig(BaseModel):
@@ -35,7 +39,17 @@ class MainJobConfig(BaseModel):
     push_every: int = Field(default=24, ge=1)
     eval_limit: int = Field(default=3, ge=1)
     eval_max_new_tokens: int = Field(default=64, ge=8)
+    specopd_lr: Optional[float] = Field(default=None, gt=0, description="SpecOPD peak LR (None: the recipe's from a "
+                                        "short-SFT start, CONVERGED_START_LR from the shipped reference drafter)")
     port: int = 0
+
+
+def specopd_lr(cfg: MainJobConfig, recipe_lr: float, from_reference: bool) -> float:
+    """The main job's SpecOPD peak LR: ``cfg.specopd_lr`` when set, else :data:`CONVERGED_START_LR` when training
+    starts from the shipped reference drafter, else the recipe's ``recipe_lr``."""
+    if cfg.specopd_lr is not None:
+        return cfg.specopd_lr
+    return CONVERGED_START_LR if from_reference else recipe_lr
 
 
 def run_main_job(cfg: MainJobConfig, console=None) -> Dict:
@@ -53,6 +67,7 @@ def run_main_job(cfg: MainJobConfig, console=None) -> Dict:
     from specopd_trainer.client import SpecOPDClient
     from specopd_trainer.drafters.registry import drafter_class_for_checkpoint
     from specopd_trainer.evaluate import evaluate_acceptance
+    from specopd_trainer.intervals import paired_difference
     from specopd_trainer.algorithms import registry
     from specopd_trainer.algorithms.registry import TrainContext
     from specopd_trainer.pipeline import DOMAINS, prepare_sequences, push_drafter, train_split_records
@@ -84,6 +99,7 @@ def run_main_job(cfg: MainJobConfig, console=None) -> Dict:
     reference = reference_drafter(Path(target), serve_cfg.block_size or 8)
     cached_sft = (sft_dir / "model.safetensors").is_file()
     start = reference or (sft_dir if cached_sft else init_dir)
+    scfg = scfg.model_copy(update={"lr": specopd_lr(cfg, scfg.lr, reference is not None)})
     spec = launch_spec(serve_cfg, port=cfg.port or free_port(), admin_api_key=ADMIN_KEY, drafter=str(start))
     say(f"starting SGLang ({serve_cfg.name}) with drafter {spec.drafter_path}"
         f"{' (the shipped reference drafter)' if reference else ''} ...")
@@ -112,6 +128,8 @@ def run_main_job(cfg: MainJobConfig, console=None) -> Dict:
         say("measuring acceptance before SpecOPD ...")
         before = evaluate_acceptance(server.url, tok, DOMAINS, temperature=0.0, limit=cfg.eval_limit,
                                      max_new_tokens=cfg.eval_max_new_tokens, progress=False)
+        say(f"SpecOPD: {scfg.steps} steps at peak LR {scfg.lr:g}"
+            f"{' (converged start: the shipped reference drafter)' if reference and cfg.specopd_lr is None else ''}")
         t0 = time.monotonic()
         run_dir = work / f"specopd-{int(time.time())}"
         summary = specopd_alg.run(TrainContext(
@@ -132,7 +150,9 @@ def run_main_job(cfg: MainJobConfig, console=None) -> Dict:
             "messages": [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}],
         }).json()["choices"][0]
     return {"before": before["tau"], "after": after["tau"], "before_mean": before["mean_tau"],
-            "after_mean": after["mean_tau"], "serving_version": info["version"], "timings_s": timings,
+            "after_mean": after["mean_tau"], "change": paired_difference(after["per_request"], before["per_request"],
+                                                                         list(before["tau"])),
+            "specopd_lr": scfg.lr, "serving_version": info["version"], "timings_s": timings,
             "drafter": str(work / "drafter-specopd"), "chat_reply": chat["message"]["content"],
             "chat_meta": {k: (chat.get("meta_info") or {}).get(k) for k in
                           ("completion_tokens", "spec_verify_ct", "spec_accept_length", "specopd_drafter_versions")}}
@@ -151,3 +171,14 @@ def describe_pushes(pushed) -> str:
 def format_timings(timings: Dict[str, float]) -> str:
     """``{"collect_s": 45.2, "sft_s": 361.0}`` -> ``collect 45 s, sft 361 s`` (one line)."""
     return ", ".join(f"{k[:-2] if k.endswith('_s') else k} {v:.0f} s" for k, v in timings.items()) or "-"
+
+
+def describe_change(change: Dict) -> str:
+    """One line for the paired change in mean tau (``specopd_trainer.intervals.paired_difference``'s dict), e.g.
+    ``change after SpecOPD: +0.012 [-0.030, +0.055] (paired bootstrap 95% interval over 12 prompts; inside the
+    noise)``."""
+    lo, hi = change["ci95"]
+    n = sum(change["prompts"].values())
+    verdict = "inside the noise" if change["inside_noise"] else ("a gain" if change["mean"] > 0 else "a loss")
+    return (f"change after SpecOPD: {change['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}] (paired bootstrap 95% interval over "
+            f"{n} prompts; {verdict}; --eval-limit sets the prompts per domain)")
