@@ -201,6 +201,8 @@ def test_main_job_lr_follows_the_start_and_the_change_line_reads_the_interval() 
     assert specopd_lr(MainJobConfig(specopd_lr=2e-4), 1e-3, from_reference=True) == 2e-4
     with pytest.raises(ValueError):
         MainJobConfig(specopd_lr=0)
+    with pytest.raises(ValueError, match="overlaps the training prompts"):
+        MainJobConfig(per_domain=95)  # SFT + SpecOPD prompts [0, 105) would reach the validation prompts 100..
     # 2 prompts per domain (completion tokens / verify steps) 12/8 and 10/10 before, 16/8 and 10/10 after: a domain's
     # tau pools its requests, 22/18 -> 26/18, so the change is +4/18 in each domain and in their mean
     domains = ["a", "b"]
@@ -212,3 +214,11 @@ def test_main_job_lr_follows_the_start_and_the_change_line_reads_the_interval() 
     line = describe_change(change)
     assert line.startswith("change after SpecOPD: +0.222 [") and "over 4 prompts" in line
     assert ("inside the noise" in line) == change["inside_noise"]
+    # the deploy rule: a gain keeps the trained drafter, a drop (even inside the noise) restores the start
+    from sglang_specopd.app.main_job import deploy_decision
+
+    assert deploy_decision(change, rollback=True) == "specopd"
+    worse = paired_difference(before, after, domains)
+    assert worse["mean"] == pytest.approx(-4 / 18)
+    assert deploy_decision(worse, rollback=True) == "start" and deploy_decision(worse, rollback=False) == "specopd"
+    assert deploy_decision({**worse, "mean": -1e-9, "inside_noise": True}, rollback=True) == "start"

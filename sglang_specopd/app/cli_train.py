@@ -15,7 +15,7 @@ from sglang_specopd.app.train_options import _config, _guarded
 # `specopd main` option -> MainJobConfig field (for one-line errors that name the flag)
 _MAIN_FLAGS = {"config": "--config", "per_domain": "--per-domain", "sft_minutes": "--sft-minutes",
                "specopd_steps": "--specopd-steps", "eval_limit": "--eval-limit",
-               "specopd_lr": "--specopd-lr"}
+               "specopd_lr": "--specopd-lr", "rollback": "--rollback"}
 
 
 @app.command("main", cls=OneLineCommand)
@@ -27,6 +27,8 @@ def main_job(
     eval_limit: int = typer.Option(3, help="Held-out prompts per domain for the acceptance table."),
     specopd_lr: Optional[float] = typer.Option(None, help="SpecOPD peak LR (default: the recipe's from a short-SFT "
                                                "drafter, a lower one from the shipped reference drafter)."),
+    rollback: bool = typer.Option(True, help="Push the start drafter back when SpecOPD lowered tau on the "
+                                  "validation prompts."),
 ) -> None:
     """Serve the target, train the drafter (SFT if needed, then SpecOPD) against the live server, redeploy it
     hot, and print the mean acceptance length per domain before and after."""
@@ -39,7 +41,8 @@ def main_job(
 
         cfg = _config(MainJobConfig, _MAIN_FLAGS, {"config": config, "per_domain": per_domain,
                                                    "sft_minutes": sft_minutes, "specopd_steps": specopd_steps,
-                                                   "eval_limit": eval_limit, "specopd_lr": specopd_lr})
+                                                   "eval_limit": eval_limit, "specopd_lr": specopd_lr,
+                                                   "rollback": rollback})
         console = Console(stderr=True)
         res = run_main_job(cfg, console=console)
         table = Table(title=f"mean acceptance length (tau), T=0, held-out prompts; serving drafter version "
@@ -51,7 +54,9 @@ def main_job(
             table.add_row(d, f"{res['before'][d]:.3f}", f"{res['after'][d]:.3f}")
         table.add_row("mean", f"{res['before_mean']:.3f}", f"{res['after_mean']:.3f}")
         Console().print(table)
-        typer.echo(describe_change(res["change"]))
+        typer.echo(describe_change(res["change"]) + " (held-out prompts; --eval-limit sets how many per domain)")
+        if res["deployed"] == "start":
+            typer.echo("deployed: the start drafter again (SpecOPD lowered validation tau; --no-rollback keeps it)")
         meta = res["chat_meta"]
         typer.echo(f"\nchat completion with the redeployed drafter:\n{res['chat_reply']}\n")
         typer.echo(f"acceptance: {meta.get('completion_tokens')} tokens in {meta.get('spec_verify_ct')} verify "
