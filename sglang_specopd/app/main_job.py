@@ -171,7 +171,7 @@ def run_main_job(cfg: MainJobConfig, console=None) -> Dict:
             push_drafter(server.url, start_drafter, "start-restored", ADMIN_KEY)
             saved = work / "drafter-specopd-rolled-back"
         drafter.save_pretrained(saved, overwrite=True)
-        say(f"validation ({sum(val_change['prompts'].values())} prompts): {describe_change(val_change)} -> "
+        say(f"validation prompts: {describe_change(val_change)} -> "
             f"{'keeping the SpecOPD drafter deployed' if deployed == 'specopd' else 'rolled back to the start drafter'}")
         info = client._request("GET", "/specopd/drafter").json()
         chat = client._request("POST", "/v1/chat/completions", json={
