@@ -283,11 +283,8 @@ def test_v2_score_trees_replay_and_a_draft_opd_step(v2_server: V2Server) -> None
     the recorded draft before it)."""
     from transformers import AutoTokenizer
 
-    from _replay_checks import check_replay
+    from _replay_checks import replay_served_blocks
     from specopd_trainer.algorithms.draft_opd.replay import draft_opd_step, select_blocks
-    from specopd_trainer.algorithms.draft_opd.rollouts import live_source
-    from specopd_trainer.algorithms.sequential_opd.rollouts import (block_rows, pack_recorded_blocks,
-                                                                    score_recorded_blocks)
     from specopd_trainer.client import SpecOPDClient
     from specopd_trainer.drafters.dflash2 import DFlash2Drafter
 
@@ -298,22 +295,9 @@ def test_v2_score_trees_replay_and_a_draft_opd_step(v2_server: V2Server) -> None
     layers = list(drafter.spec.target_layer_ids)
     prompts = [tok(p)["input_ids"] for p in TINY_PROMPTS]
     with SpecOPDClient(v2_server.url, admin_api_key=ADMIN_KEY) as client:
-        source = live_source(client, prompts, block_size=TINY_BLOCK_SIZE, rollout_prompts=len(prompts),
-                             max_new_tokens=TINY_NEW_TOKENS, temperature=0.0, concurrency=len(prompts))
-        rollouts = source(torch.Generator().manual_seed(0))
-        assert rollouts and all(r.records for r in rollouts)
-        assert {x.drafter_version for r in rollouts for x in r.records} == {"v2-draft-opd"}
-        blocks = [pack_recorded_blocks(r.token_ids, [x.as_dict() for x in r.records], g) for r in rollouts]
-        scored = score_recorded_blocks(client, blocks, TINY_BLOCK_SIZE, layers)
-        rows = []
-        with torch.no_grad():
-            for r, b, sc in zip(rollouts, blocks, scored):
-                feats = sc.features.float()
-                p_rows, _, _ = block_rows(drafter, b, sc, "float32")
-                p_top = p_rows.argmax(-1)[b.packed.row_index].tolist()
-                rows += [(x, drafter.propose(feats[:x.anchor], r.token_ids[x.anchor], x.anchor).tolist(), top)
-                         for x, top in zip(r.records, p_top)]
-        assert check_replay(rows, g) >= 16
+        rollouts, checked = replay_served_blocks(client, drafter, prompts, block_size=TINY_BLOCK_SIZE,
+                                                 new_tokens=TINY_NEW_TOKENS, version="v2-draft-opd")
+        assert checked >= 16
         selected = select_blocks(rollouts, g, "error", 64, torch.Generator().manual_seed(0))
         assert selected, "the strong random drafter must have rejected slots"
         loss, m = draft_opd_step(drafter, client, selected, layers, head_dtype="float32")

@@ -47,7 +47,6 @@ import pytest
 import torch
 
 from conftest import TINY_BLOCK_SIZE, TINY_NEW_TOKENS, TINY_PROMPTS, running_server, tiny_launch_spec
-from _replay_checks import check_replay
 from test_serve_tiny import check_trace
 
 GAMMA = TINY_BLOCK_SIZE - 1
@@ -274,10 +273,8 @@ def test_dspark_score_trees_replay_and_a_draft_opd_step(dspark_server: DSparkSer
     every recorded anchor, and the target rows agree with every verify decision (argmax p equals the proposal on
     accepted slots and differs from it at the first rejected one). Then one Draft-OPD step on the error anchors
     (one more ``score_trees`` call): a finite positive loss whose gradient reaches the Markov head."""
+    from _replay_checks import replay_served_blocks
     from specopd_trainer.algorithms.draft_opd.replay import draft_opd_step, select_blocks
-    from specopd_trainer.algorithms.draft_opd.rollouts import live_source
-    from specopd_trainer.algorithms.sequential_opd.rollouts import (block_rows, pack_recorded_blocks,
-                                                                    score_recorded_blocks)
     from specopd_trainer.client import SpecOPDClient
 
     dspark_server.serve(dspark_server.drafter, "ds-draft-opd")
@@ -285,22 +282,9 @@ def test_dspark_score_trees_replay_and_a_draft_opd_step(dspark_server: DSparkSer
     layers = list(drafter.spec.target_layer_ids)
     prompts = [walker.tok(p)["input_ids"] for p in TINY_PROMPTS]
     with SpecOPDClient(dspark_server.url, admin_api_key=ADMIN_KEY) as client:
-        source = live_source(client, prompts, block_size=TINY_BLOCK_SIZE, rollout_prompts=len(prompts),
-                             max_new_tokens=TINY_NEW_TOKENS, temperature=0.0, concurrency=len(prompts))
-        rollouts = source(torch.Generator().manual_seed(0))
-        assert rollouts and all(r.records for r in rollouts)
-        assert {x.drafter_version for r in rollouts for x in r.records} == {"ds-draft-opd"}
-        blocks = [pack_recorded_blocks(r.token_ids, [x.as_dict() for x in r.records], GAMMA) for r in rollouts]
-        scored = score_recorded_blocks(client, blocks, TINY_BLOCK_SIZE, layers)
-        rows = []
-        with torch.no_grad():
-            for r, b, sc in zip(rollouts, blocks, scored):
-                feats = sc.features.float()
-                p_rows, _, _ = block_rows(drafter, b, sc, "float32")
-                p_top = p_rows.argmax(-1)[b.packed.row_index].tolist()
-                rows += [(x, drafter.propose(feats[:x.anchor], r.token_ids[x.anchor], x.anchor).tolist(), top)
-                         for x, top in zip(r.records, p_top)]
-        assert check_replay(rows, GAMMA) >= 16
+        rollouts, checked = replay_served_blocks(client, drafter, prompts, block_size=TINY_BLOCK_SIZE,
+                                                 new_tokens=TINY_NEW_TOKENS, version="ds-draft-opd")
+        assert checked >= 16
         selected = select_blocks(rollouts, GAMMA, "error", 64, torch.Generator().manual_seed(0))
         assert selected, "a random drafter must have rejected slots"
         loss, m = draft_opd_step(drafter, client, selected, layers, head_dtype="float32")

@@ -180,8 +180,7 @@ def run_main_job(cfg: MainJobConfig, console=None) -> Dict:
             "messages": [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}],
         }).json()["choices"][0]
     return {"before": before["tau"], "after": after["tau"], "before_mean": before["mean_tau"],
-            "after_mean": after["mean_tau"], "change": paired_difference(after["per_request"], before["per_request"],
-                                                                         list(before["tau"])),
+            "after_mean": after["mean_tau"], "change": paired_difference(after["per_request"], before["per_request"], DOMAINS),
             "validation_change": val_change, "deployed": deployed,
             "specopd_lr": scfg.lr, "serving_version": info["version"], "timings_s": timings,
             "drafter": str(saved), "chat_reply": chat["message"]["content"],
