@@ -160,21 +160,24 @@ def test_format_errors_are_specific(tmp_path: Path) -> None:
     v2 = json.loads(json.dumps(REF["dflash2"]))
     del v2["dflash_config"]["selector_rank"]
     v2["dflash_config"]["conv_group_size"] = 5
-    codes = _problems(v2, "dflash2")
-    assert ("config_key_missing", "config.json is missing key dflash_config.selector_rank (DFlash2DraftModel "
-                                  "requires the candidate selector)") in codes
+    assert _problems(v2, "dflash2") == [("sglang_refuses", "DFLASH selector needs rank and top_k together. Got "
+                                                           "rank=0, top_k=4.")]
     v2["dflash_config"].update(selector_rank=R, selector_top_k=V + 1)
-    assert _problems(v2, "dflash2") == [("invalid_value", "conv_group_size 5 must divide hidden_size 32"),
-                                        ("invalid_value", "selector_top_k 12 exceeds vocab_size 11")]
+    assert _problems(v2, "dflash2") == [("sglang_refuses", "DFLASH conv_group_size=5 must divide hidden_size=32.")]
+    v2["dflash_config"]["conv_group_size"] = 8
+    assert _problems(v2, "dflash2") == [("invalid_value", "selector_top_k 12 exceeds vocab_size 11")]
     ds = json.loads(json.dumps(REF["dspark"]))
     ds["dflash_config"]["markov_rank"] = ds.pop("markov_rank")  # nested only: DSparkDraftModel would not see it
     ds["markov_head_type"] = "lstm"
-    assert _problems(ds, "dspark") == [
-        ("config_key_missing", "config.json is missing top-level key markov_rank (DSparkDraftModel reads "
-                               "config.markov_rank)"),
-        ("invalid_value", "markov_head_type must be one of vanilla, gated, rnn, got 'lstm'")]
-    ds = {**REF["dspark"], "enable_confidence_head": False, "dspark_config": {"markov_rank": R + 1}}
-    assert [c for c, _ in _problems(ds, "dspark")] == ["config_invalid", "config_invalid"]
+    assert _problems(ds, "dspark") == [("sglang_refuses", "Unsupported DSpark markov_head_type='lstm'. Supported: "
+                                                          "('vanilla', 'gated', 'rnn').")]
+    ds["markov_head_type"] = "vanilla"
+    assert _problems(ds, "dspark") == [("sglang_refuses", "DSpark requires markov_rank > 0 (the Markov head is the "
+                                                          "core of the semi-AR draft); got markov_rank=0.")]
+    # SGLang ignores enable_confidence_head's value and builds the head from the top-level markov_rank
+    spec = parse_drafter_config({**REF["dspark"], "enable_confidence_head": False,
+                                 "dspark_config": {"markov_rank": R + 1}}, "dspark")
+    assert spec.markov_rank == R
     assert _problems(REF["dspark"], "dflash2") == [(
         "arch_mismatch", "config.json describes a 'DSparkDraftModel' (dspark) drafter, expected a 'DFlash2DraftModel' "
                          "(dflash2) drafter")]
@@ -388,7 +391,7 @@ def test_cli_init_and_check(tiny_target6: Path, tmp_path: Path) -> None:
     cfg.pop("markov_rank")
     (ds / "config.json").write_text(json.dumps(cfg))
     assert [p.message for p in check_drafter(ds, tiny_target6, "dspark")] == [
-        "config.json is missing top-level key markov_rank (DSparkDraftModel reads config.markov_rank)"]
+        "DSPARK requires markov_rank > 0 in the draft config, got markov_rank=0."]
     cfg["markov_rank"] = 8
     (ds / "config.json").write_text(json.dumps(cfg))
     assert [p.message for p in check_drafter(ds, tiny_target6, "dspark")] == [

@@ -13,6 +13,7 @@ from typing import Callable
 import pytest
 
 from sglang_specopd.app.drafter_check import DrafterCheckError, Problem, assert_drafter_ok, check_drafter
+from sglang_specopd.app.drafter_check import check_drafter_report
 from sglang_specopd.wire.drafter_format import (
     DrafterConfigError,
     DrafterSpec,
@@ -194,29 +195,30 @@ def _set_dflash(key: str, value) -> Callable[[Path], None]:
 
 BAD_CASES = {
     "malformed_json": (lambda d: (d / "config.json").write_text("{not json"), "config_malformed", "is not valid JSON"),
-    "missing_key": (_edit_config(lambda c: c["dflash_config"].pop("mask_token_id")), "config_key_missing",
-                    "config.json is missing key dflash_config.mask_token_id"),
+    "missing_key": (_edit_config(lambda c: c.pop("model_type")), "sglang_refuses",
+                    "Should have a `model_type` key in its config.json"),
     "hidden_size": (_set("hidden_size", 32), "hidden_size_mismatch", "hidden_size 32 != target hidden_size 64"),
-    "vocab": (_set("vocab_size", 2048), "vocab_mismatch", "vocab_size 2048 != target vocab_size 1024"),
-    "layer_out_of_range": (_ids([1, 9]), "layer_id_out_of_range",
-                           "target_layer_ids contains 9: out of range 0..5 for a 6-layer target"),
+    "layer_out_of_range": (_ids([1, 9]), "sglang_refuses", "DFLASH target_layer_ids contains an out-of-range layer "
+                           "id. target_layer_ids[1]=9, target_num_layers=6."),
     "layer_is_last": (_ids([1, 5]), "layer_id_is_last", "target_layer_ids contains 5, the target's last layer"),
     "layer_duplicate": (_ids([3, 3]), "layer_ids_duplicate", "target_layer_ids has duplicates: [3, 3]"),
     "layer_unsorted": (_ids([3, 1]), "layer_ids_unsorted", "target_layer_ids must be increasing, got [3, 1]"),
     "block_size": (_set_dflash("block_size", 1), "block_size_too_small", "block_size must be an int >= 2, got 1"),
-    "mask_out_of_vocab": (_set_dflash("mask_token_id", 4096), "mask_token_out_of_vocab",
-                          "mask_token_id 4096 >= target vocab_size 1024"),
-    "mask_mismatch": (_set_dflash("mask_token_id", 3), "mask_token_mismatch",
-                      "mask_token_id 3 does not match the target tokenizer's id 4 for mask_token "
-                      "'<|reserved_special_token_0|>'"),
+    "mask_out_of_vocab": (_set_dflash("mask_token_id", 4096), "sglang_refuses",
+                          "DFLASH mask_token_id is outside the target vocab size. mask_token_id=4096, "
+                          "vocab_size=1024."),
+    "mask_mismatch": (_set_dflash("mask_token_id", 3), "sglang_refuses",
+                      "DFLASH config mismatch: dflash_config.mask_token_id conflicts with tokenizer vocab id for "
+                      "dflash_config.mask_token. mask_token='<|reserved_special_token_0|>', mask_token_id=3, "
+                      "tokenizer_vocab_id=4."),
     "missing_tensor": (_edit_tensors(lambda sd: sd.pop("norm.weight")), "tensor_missing",
                        "missing tensor norm.weight [64]"),
     "extra_tensor": (_edit_tensors(lambda sd: sd.__setitem__("embed_tokens.weight", sd["fc.weight"].clone())),
                      "tensor_extra", "extra tensor embed_tokens.weight [64, 128] (SGLang would silently ignore it)"),
     "wrong_shape": (_edit_tensors(lambda sd: sd.__setitem__("fc.weight", sd["fc.weight"][:, :64].contiguous())),
                     "tensor_shape", "tensor fc.weight has shape [64, 64], expected [64, 128]"),
-    "wrong_dtype": (_edit_tensors(lambda sd: sd.__setitem__("norm.weight", sd["norm.weight"].half())),
-                    "tensor_dtype", "tensor norm.weight has dtype F16, config dtype float32 needs F32"),
+    "wrong_dtype": (_edit_tensors(lambda sd: sd.__setitem__("norm.weight", sd["norm.weight"].int())),
+                    "tensor_dtype", "tensor norm.weight has dtype I32, expected one of BF16, F16, F32"),
     "truncated": (_truncate, "weights_unreadable", "(truncated file?)"),
 }
 
@@ -255,6 +257,24 @@ def test_cli_check_exits_2_with_problem_line(case: str, target: Path, bad_copy: 
     assert all(line.startswith("error: ") for line in res.stderr.splitlines()) and res.stdout == ""
     assert "Traceback" not in res.output
     assert isinstance(res.exception, SystemExit)  # typer.Exit(2), not an uncaught error
+
+
+def test_check_accepts_what_sglang_accepts(target: Path, drafter: Path, tmp_path: Path) -> None:
+    """Keys SGLang defaults or resolves from the target are not problems: a mask_token_id found in the tokenizer,
+    a vocab_size other than the target's (a plain DFlash drafter owns no vocabulary-sized tensor), F16 tensors in
+    a float32 drafter (SGLang casts on load), a num_target_layers other than the target's (SGLang warns and uses
+    the target's)."""
+    d = tmp_path / "lenient"
+    shutil.copytree(drafter, d)
+    _edit_config(lambda c: (c["dflash_config"].pop("mask_token_id"), c.__setitem__("vocab_size", 2048),
+                            c.__setitem__("num_target_layers", 8)))(d)
+    _edit_tensors(lambda sd: sd.__setitem__("norm.weight", sd["norm.weight"].half()))(d)
+    report = check_drafter_report(d, target)
+    assert report.problems == []
+    assert (report.spec.mask_token_id, report.spec.num_target_layers, report.spec.vocab_size) == (4, 6, 2048)
+    assert report.used["mask_token_id"] == "4 (the target tokenizer's id)"
+    assert report.notes == ("Draft config num_target_layers=8 differs from runtime target num_hidden_layers=6; "
+                            "selecting capture layers based on the runtime target model.",)
 
 
 def test_cli_check_missing_drafter_says_error(target: Path, tmp_path: Path) -> None:

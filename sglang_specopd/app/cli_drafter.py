@@ -1,4 +1,4 @@
-"""``specopd drafter ...`` commands: init, check (attached to :data:`sglang_specopd.app.cli.drafter_app`).
+"""``specopd drafter ...`` commands: init, check, push (attached to :data:`sglang_specopd.app.cli.drafter_app`).
 
 Errors print ``error: ...`` lines (one per problem for ``check``) on stderr and exit with code 2, never a traceback.
 ``--arch`` (default ``dflash``) offers the drafter architectures registered in
@@ -108,18 +108,50 @@ def init(
 
 @drafter_app.command("check")
 def check(
-    drafter: Path = typer.Argument(..., help="Drafter checkpoint directory."),
+    drafter: Path = typer.Argument(..., help="Drafter checkpoint directory (any published layout)."),
     target: str = typer.Option(..., "--target", help="Target: a prepared model name (smollm2) or a HF checkpoint dir."),
     home: Optional[Path] = typer.Option(None, "--home", help="specopd home for resolving model names."),
     arch: _Arch = typer.Option(_Arch("dflash"), "--arch", help=_ARCH_HELP),
 ) -> None:
-    """Validate DRAFTER (an ARCH drafter) against TARGET: exit 0 with an "ok: ..." summary, or exit 2, one
-    "error: ..." per problem."""
-    from sglang_specopd.app.drafter_check import check_drafter, describe
-    from sglang_specopd.wire.drafter_archs import load_drafter_spec
+    """Validate DRAFTER (an ARCH drafter) against TARGET as SGLang 0.5.23 reads it: exit 0 with an "ok: ..."
+    summary and one "sglang: ..." line per value SGLang will use (block size, target layer ids, mask token and its
+    id, where each comes from) plus SGLang's warnings ("note: ..."), or exit 2, one "error: ..." per problem
+    (SGLang's own message for what SGLang refuses)."""
+    from sglang_specopd.app.drafter_check import check_drafter_report, describe
 
     target_dir = _resolve(target, home)
-    problems = check_drafter(drafter, target_dir, arch.value)
-    if problems:
-        _report_problems(problems, drafter)
-    typer.echo(f"ok: {drafter}: {describe(load_drafter_spec(drafter, arch.value))}")
+    report = check_drafter_report(drafter, target_dir, arch.value)
+    if report.problems:
+        _report_problems(report.problems, drafter)
+    typer.echo(f"ok: {drafter}: {describe(report.spec)}")
+    for key, value in report.used.items():
+        typer.echo(f"sglang: {key} {value}")
+    for note in report.notes:
+        typer.echo(f"note: {note}")
+
+
+@drafter_app.command("push")
+def push(
+    drafter: Path = typer.Argument(..., help="Drafter checkpoint directory (any published layout)."),
+    server: str = typer.Option(..., "--server", help="URL of the running specopd server, e.g. http://127.0.0.1:30000."),
+    admin_key: str = typer.Option(..., "--admin-key", envvar="SPECOPD_ADMIN_KEY",
+                                  help="The server's --admin-api-key (or $SPECOPD_ADMIN_KEY)."),
+    version: Optional[str] = typer.Option(None, "--version", help="Version name the server reports (default: the "
+                                                                  "directory's name)."),
+    target: Optional[str] = typer.Option(None, "--target", help="Also check against this target first (a prepared "
+                                                                "model name or a HF checkpoint dir)."),
+    home: Optional[Path] = typer.Option(None, "--home", help="specopd home for resolving model names."),
+) -> None:
+    """Hot-swap DRAFTER into a running server: the same validated, all-or-nothing swap the trainer uses (the
+    server refuses a drafter of another architecture or shape; the old one keeps serving). Prints the new and
+    previous versions; exit 2 with "error: ..." otherwise."""
+    from sglang_specopd.app.drafter_push import DrafterPushError, push_drafter_dir
+
+    target_dir = _resolve(target, home) if target is not None else None
+    try:
+        res = push_drafter_dir(drafter, server, admin_key, version, target_dir)
+    except DrafterPushError as exc:
+        _fail(str(exc))
+        return
+    typer.echo(f"pushed {drafter} ({res.tensors} tensors): serving version {res.version!r} (was "
+               f"{res.previous_version!r}, swap {res.swaps}{', radix cache flushed' if res.cache_flushed else ''})")

@@ -8,7 +8,8 @@ tensors; the safetensors metadata holds ``{"config": <config.json dict>, "versio
   (:mod:`sglang_specopd.wire.drafter_archs`; ``["DFlashDraftModel"]`` for DFlash, ``["DFlash2DraftModel"]`` for
   DFlash V2, ``["DSparkDraftModel"]`` for DSpark: a swap never changes the architecture) and the new config
   describes the SAME drafter (every spec field, e.g. of :class:`~sglang_specopd.wire.drafter_format.DrafterSpec`
-  or a DSpark spec's ``markov_rank``, equal to the serving drafter's, dtype aside);
+  or a DSpark spec's ``markov_rank``, equal to the serving drafter's, dtype and mask token string aside: the config
+  may be in any published layout, resolved against the served target as SGLang resolves it);
 * names: exactly the serving drafter's checkpoint tensor names (no missing, no extra: a target checkpoint, whose
   layers are called ``model.layers.*``, can never pass, unlike SGLang's own ``update_weights_from_disk``);
 * shapes equal, dtypes float32 / bfloat16 / float16 (checked before any op on the values), values finite;
@@ -40,7 +41,7 @@ import torch
 
 from sglang_specopd.server.control import op
 
-_STATE = {"version": "initial", "swaps": 0, "spec": None}
+_STATE = {"version": "initial", "swaps": 0, "spec": None, "target": None}
 
 
 def current_version() -> str:
@@ -54,29 +55,48 @@ def _worker(scheduler):
     return worker
 
 
+def _target(scheduler):
+    """The served target's :class:`~sglang_specopd.wire.drafter_layouts.TargetFacts` (cached), what SGLang resolved
+    the serving drafter's config against; None when its config or tokenizer cannot be read here."""
+    from sglang_specopd.wire.drafter_layouts import target_facts
+
+    if _STATE["target"] is None:
+        try:
+            _STATE["target"] = target_facts(scheduler.server_args.model_path)
+        except ValueError:  # TargetConfigError included: resolve without the target then
+            _STATE["target"] = False
+    return _STATE["target"] or None
+
+
 def _serving_spec(scheduler):
     from sglang_specopd.wire.drafter_archs import load_drafter_spec
 
     if _STATE["spec"] is None:
         path = scheduler.server_args.speculative_draft_model_path
-        _STATE["spec"] = load_drafter_spec(path)
+        _STATE["spec"] = load_drafter_spec(path, target=_target(scheduler))
     return _STATE["spec"]
 
 
 def _same_drafter(a, b) -> list:
+    """Spec fields in which ``b`` differs from ``a``, except the weights' dtype (cast on load) and the mask token's
+    string (SGLang serves its id, resolved at launch)."""
     from dataclasses import fields
 
-    return [f.name for f in fields(a) if f.name != "dtype" and getattr(a, f.name) != getattr(b, f.name)]
+    return [f.name for f in fields(a) if f.name not in ("dtype", "mask_token")
+            and getattr(a, f.name) != getattr(b, f.name)]
 
 
-def validate_swap(serving_spec, config: dict, tensors: Dict[str, torch.Tensor]) -> None:
+def validate_swap(serving_spec, config: dict, tensors: Dict[str, torch.Tensor], target=None) -> None:
     """Raise ``ValueError`` with the first problem if ``(config, tensors)`` is not a drop-in for the serving drafter.
 
     ``serving_spec`` is a spec of a registered drafter architecture; ``config`` must name the same architecture
     (another registered one, e.g. a DSpark checkpoint on a DFlash server, is refused: "cannot change the drafter
-    architecture"), describe the same drafter (dtype aside) and come with exactly its tensors: same names and
-    shapes, dtypes among float32/bfloat16/float16, finite values."""
+    architecture"), describe the same drafter (dtype and mask token string aside) and come with exactly its
+    tensors: same names and shapes, dtypes among float32/bfloat16/float16, finite values. The config may be in any
+    published layout: it is resolved as SGLang resolves it, against ``target`` (the served target's
+    :class:`~sglang_specopd.wire.drafter_layouts.TargetFacts`) when given."""
     from sglang_specopd.wire.drafter_archs import UnknownDrafterArchError, arch_for_config, arch_for_spec
+    from sglang_specopd.wire.drafter_layouts import canonical_config
     from sglang_specopd.wire.protocol import check_swap_tensors
 
     serving = arch_for_spec(serving_spec)
@@ -93,7 +113,7 @@ def validate_swap(serving_spec, config: dict, tensors: Dict[str, torch.Tensor]) 
                          f"but a {serving.name} drafter ([{serving.architecture!r}]) is serving; a swap cannot "
                          "change the drafter architecture (restart the server with the new drafter)")
     try:
-        spec = arch.parse_config(config)
+        spec = arch.parse_config(canonical_config(config, target).config)
     except ValueError as exc:
         raise ValueError(f"refused: invalid drafter config: {exc}") from None
     diff = _same_drafter(serving_spec, spec)
@@ -209,14 +229,14 @@ def _read_request(payload: bytes) -> Tuple[dict, Dict[str, torch.Tensor], str]:
     return header.get("config") or {}, tensors, version
 
 
-def check_swap_request(serving_spec, payload: bytes) -> Tuple[dict, Dict[str, torch.Tensor], str]:
+def check_swap_request(serving_spec, payload: bytes, target=None) -> Tuple[dict, Dict[str, torch.Tensor], str]:
     """Everything the swap op checks before touching a weight: (config, tensors, version) of a drop-in drafter.
 
     ``payload``: the HTTP body (safetensors bytes or JSON ``{"path", "version"}``). Raises ``ValueError`` (HTTP
     400) with the first problem: malformed body or header, a checksum that is not a 64-digit hex string or does
     not match, a dtype other than float32/bfloat16/float16, or anything :func:`validate_swap` refuses."""
     config, tensors, version = _read_request(payload)
-    validate_swap(serving_spec, config, tensors)
+    validate_swap(serving_spec, config, tensors, target)
     return config, tensors, version
 
 
@@ -224,7 +244,7 @@ def check_swap_request(serving_spec, payload: bytes) -> Tuple[dict, Dict[str, to
 def swap_drafter_op(scheduler, payload: bytes):
     """Scheduler op: validate then apply a drafter swap; reply JSON {version, previous_version, swaps}."""
     worker = _worker(scheduler)
-    _, tensors, version = check_swap_request(_serving_spec(scheduler), payload)
+    _, tensors, version = check_swap_request(_serving_spec(scheduler), payload, _target(scheduler))
     apply_swap(worker, tensors)
     previous = _STATE["version"]
     _STATE["version"], _STATE["swaps"] = version, _STATE["swaps"] + 1

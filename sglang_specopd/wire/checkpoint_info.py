@@ -90,34 +90,37 @@ def read_target_info(target_dir: str | os.PathLike[str]) -> TargetInfo:
     )
 
 
-def lookup_token_id(target_dir: str | os.PathLike[str], token: str) -> int | None:
-    """Id of the exact token string ``token`` in the target's tokenizer, or None if it is not a single token.
-
-    Reads ``tokenizer.json`` (added tokens, then the model vocab); without it, falls back to
-    ``AutoTokenizer.get_vocab()``. Raises ValueError when no tokenizer can be read.
-    """
+def read_tokenizer_vocab(target_dir: str | os.PathLike[str]) -> dict[str, int]:
+    """Token string -> id of the target's tokenizer: ``tokenizer.json``'s model vocab with its added tokens over it;
+    without that file, ``AutoTokenizer.get_vocab()``. Raises ValueError when no tokenizer can be read."""
     path = Path(target_dir) / "tokenizer.json"
     if path.is_file():
         try:
             data = json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             raise ValueError(f"cannot read {path}: {exc}") from None
-        for added in data.get("added_tokens") or []:
-            if added.get("content") == token:
-                return int(added["id"])
         vocab: Any = (data.get("model") or {}).get("vocab")
+        out: dict[str, int] = {}
         if isinstance(vocab, dict):
-            return int(vocab[token]) if token in vocab else None
-        if isinstance(vocab, list):  # Unigram: [[piece, score], ...]
-            return next((i for i, (piece, _) in enumerate(vocab) if piece == token), None)
-        return None
+            out = {str(k): int(v) for k, v in vocab.items()}
+        elif isinstance(vocab, list):  # Unigram: [[piece, score], ...]
+            for i, (piece, _) in enumerate(vocab):
+                out.setdefault(piece, i)
+        for added in data.get("added_tokens") or []:
+            out[added.get("content")] = int(added["id"])
+        return out
     try:
         from transformers import AutoTokenizer
 
-        vocab = AutoTokenizer.from_pretrained(target_dir).get_vocab()
+        return dict(AutoTokenizer.from_pretrained(target_dir).get_vocab())
     except Exception as exc:  # noqa: BLE001 - any loader failure means "no readable tokenizer"
         raise ValueError(f"cannot load a tokenizer from {target_dir}: {exc}") from None
-    return int(vocab[token]) if token in vocab else None
+
+
+def lookup_token_id(target_dir: str | os.PathLike[str], token: str) -> int | None:
+    """Id of the exact token string ``token`` in the target's tokenizer, or None if it is not a single token
+    (:func:`read_tokenizer_vocab`; raises ValueError when no tokenizer can be read)."""
+    return read_tokenizer_vocab(target_dir).get(token)
 
 
 def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, tuple[str, tuple[int, ...]]]:

@@ -24,6 +24,7 @@ from sglang_specopd.wire import drafter_dflash as _dflash
 from sglang_specopd.wire import drafter_dflash2 as _dflash2
 from sglang_specopd.wire import drafter_dspark as _dspark
 from sglang_specopd.wire.checkpoint_info import TargetInfo
+from sglang_specopd.wire.drafter_layouts import Resolution, TargetFacts, canonical_config
 from sglang_specopd.wire.drafter_format import DRAFTER_ARCHITECTURE, DrafterConfigError, DrafterSpec, drafter_config
 from sglang_specopd.wire.drafter_format import expected_tensors, read_drafter_config, spec_from_config
 from sglang_specopd.wire.drafter_format import write_config_json
@@ -207,16 +208,21 @@ def arch_for_spec(spec: Any) -> DrafterArch:
                                   f"registered: {_registered()}")
 
 
-def parse_drafter_config(cfg: Any, arch: Optional[str] = None) -> Any:
-    """Parse a drafter config.json dict into the spec of the architecture it names.
+def resolve_drafter_config(cfg: Any, arch: Optional[str] = None, target: Optional[TargetFacts] = None,
+                           path: str = "config.json") -> tuple[Any, Resolution]:
+    """Parse a drafter config.json dict, in any published layout, into the spec of the architecture it names and
+    the :class:`~sglang_specopd.wire.drafter_layouts.Resolution` (what SGLang will use, and its warnings).
 
     ``arch`` (a registry name) is the architecture expected: a config naming another registered architecture is
     one ``arch_mismatch`` problem; any other config is parsed by ``arch``'s own parser (which reports a wrong
     ``architectures`` along with every other defect). Without ``arch`` an unregistered ``architectures`` is one
-    ``config_invalid`` problem.
+    ``config_invalid`` problem. DFlash-family configs are first resolved as SGLang 0.5.23 resolves them
+    (:func:`~sglang_specopd.wire.drafter_layouts.canonical_config`; against ``target`` when given).
 
     Raises:
-        DrafterConfigError: not a JSON object, unknown / unexpected architecture, or the entry's own problems.
+        DrafterConfigError: not a JSON object, unknown / unexpected architecture, what SGLang refuses
+            (``sglang_refuses``, SGLang's message), ``unsupported_by_specopd``, ``needs_target``, or the entry's
+            own problems.
         UnknownDrafterArchError: ``arch`` itself is not registered.
     """
     expected = get_drafter_arch(arch) if arch is not None else None
@@ -226,23 +232,33 @@ def parse_drafter_config(cfg: Any, arch: Optional[str] = None) -> Any:
     try:
         named = arch_for_config(cfg)
     except UnknownDrafterArchError as exc:
-        if expected is None:
+        if expected is None and "speculators_model_type" not in cfg:
             raise DrafterConfigError([("config_invalid", str(exc))]) from None
         named = expected
     if expected is not None and named is not expected:
         raise DrafterConfigError([("arch_mismatch", f"config.json describes a {named.label} drafter, expected "
                                                     f"a {expected.label} drafter")])
-    return named.parse_config(cfg)
+    resolution = canonical_config(cfg, target, path)
+    if named is None:  # a speculators export canonical_config did not refuse: cannot happen, but stay typed
+        raise DrafterConfigError([("config_invalid", f"architectures {cfg.get('architectures')!r} is not a "
+                                                      f"registered drafter architecture; registered: {_registered()}")])
+    return named.parse_config(resolution.config), resolution
 
 
-def load_drafter_spec(drafter_dir: str | os.PathLike[str], arch: Optional[str] = None) -> Any:
-    """Read ``drafter_dir/config.json`` into the spec of its architecture (see :func:`parse_drafter_config`).
+def parse_drafter_config(cfg: Any, arch: Optional[str] = None, target: Optional[TargetFacts] = None) -> Any:
+    """The spec of :func:`resolve_drafter_config` (same arguments and errors)."""
+    return resolve_drafter_config(cfg, arch, target)[0]
 
-    Raises: DrafterConfigError (missing/malformed file, unknown or unexpected architecture, invalid values),
-    UnknownDrafterArchError (``arch`` not registered)."""
+
+def load_drafter_spec(drafter_dir: str | os.PathLike[str], arch: Optional[str] = None,
+                      target: Optional[TargetFacts] = None) -> Any:
+    """Read ``drafter_dir/config.json`` into the spec of its architecture (see :func:`resolve_drafter_config`).
+
+    Raises: DrafterConfigError (missing/malformed file, unknown or unexpected architecture, invalid values, what
+    SGLang refuses), UnknownDrafterArchError (``arch`` not registered)."""
     if arch is not None:
         get_drafter_arch(arch)
-    return parse_drafter_config(read_drafter_config(drafter_dir), arch)
+    return resolve_drafter_config(read_drafter_config(drafter_dir), arch, target, str(Path(drafter_dir)))[0]
 
 
 def write_drafter_arch_config(spec: Any, out_dir: str | os.PathLike[str]) -> Path:

@@ -26,10 +26,16 @@ def target_facts(cfg: Mapping[str, Any]) -> dict[str, Any]:
 def describe(spec: DrafterSpec) -> str:
     """``"2 layers x hidden 64 (4/2 heads), block_size 8, target_layer_ids [1, 3] of 6, mask '<m>' (id 4),
     float32"``."""
+    attention = ""
+    if spec.layer_types:
+        attention += (f", sliding window {spec.sliding_window} on {spec.layer_types.count('sliding_attention')} "
+                      "layers")
+    if spec.is_causal is not None:
+        attention += ", causal" if spec.is_causal else ", non-causal"
     return (f"{spec.num_hidden_layers} layers x hidden {spec.hidden_size} ({spec.num_attention_heads}/"
             f"{spec.num_key_value_heads} heads), block_size {spec.block_size}, target_layer_ids "
             f"{list(spec.target_layer_ids)} of {spec.num_target_layers}, mask {spec.mask_token!r} "
-            f"(id {spec.mask_token_id}), {spec.dtype}")
+            f"(id {spec.mask_token_id}){attention}, {spec.dtype}")
 
 
 def spec_for_target(req: Any) -> DrafterSpec:

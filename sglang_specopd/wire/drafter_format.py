@@ -18,6 +18,13 @@ Verified against ``sglang/srt/models/dflash.py`` (``DFlashDraftModel``) and
 * ``target_layer_ids`` are 0-based target layers whose outputs feed ``fc``; SGLang captures them before layer
   id+1, so the target's last layer can never be used.
 
+This is specopd's canonical (explicit) layout: every key above present. Drafters in other published layouts (the
+DFlash authors' releases, SpecForge exports: keys left to SGLang's defaults, ``block_size`` at the top level) are
+first resolved into it exactly as SGLang resolves them (:mod:`sglang_specopd.wire.drafter_layouts`, through the
+registry's :func:`~sglang_specopd.wire.drafter_archs.parse_drafter_config`); :func:`spec_from_config` itself reads
+the canonical layout only. Optional canonical keys: ``layer_types`` with ``sliding_attention`` entries plus
+``sliding_window``, and ``is_causal`` (SGLang serves them; specopd's trainer refuses them).
+
 This module is the DFlash entry's format; :mod:`sglang_specopd.wire.drafter_archs` is the registry of drafter
 architectures (DFlash, DFlash V2 in :mod:`.drafter_dflash2`, DSpark in :mod:`.drafter_dspark`) that the trainer,
 the server and the CLI go through.
@@ -32,10 +39,11 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 DRAFTER_ARCHITECTURE = "DFlashDraftModel"
 DRAFTER_MODEL_TYPE = "qwen3"
+LAYER_TYPES = ("full_attention", "sliding_attention")  # what SGLang's DFlash draft layers take
 DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}  # our dtype name -> safetensors dtype tag
 _LAZY = {name: "sglang_specopd.wire.drafter_init" for name in (
     "init_drafter", "choose_mask_token", "save_drafter", "init_drafter_tensors", "MaskTokenError")}
@@ -126,9 +134,13 @@ class DrafterSpec:
     mask_token_id: int
     num_target_layers: int
     dtype: str = "float32"
+    layer_types: tuple[str, ...] = ()
+    sliding_window: Optional[int] = None
+    is_causal: Optional[bool] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target_layer_ids", tuple(self.target_layer_ids))
+        object.__setattr__(self, "layer_types", tuple(self.layer_types or ()))
         problems: list[tuple[str, str]] = []
         for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
                      "intermediate_size", "vocab_size", "max_position_embeddings", "num_target_layers"):
@@ -153,9 +165,31 @@ class DrafterSpec:
         if self.dtype not in DTYPES:
             problems.append(("invalid_value", f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"))
         problems += layer_id_problems(list(self.target_layer_ids), self.num_target_layers)
+        problems += self._attention_problems()
         problems += self._extra_problems()
         if problems:
             raise DrafterSpecError(problems)
+
+    def _attention_problems(self) -> list[tuple[str, str]]:
+        types, window = self.layer_types, self.sliding_window
+        out: list[tuple[str, str]] = []
+        if types and (len(types) != self.num_hidden_layers or not set(types) <= set(LAYER_TYPES)
+                      or "sliding_attention" not in types):
+            out.append(("invalid_value", f"layer_types must be empty (all full attention) or one of {LAYER_TYPES} per "
+                                         f"draft layer with a sliding layer among them, got {list(types)}"))
+        if ("sliding_attention" in types) != (window is not None) or (
+                window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1)):
+            out.append(("invalid_value", f"sliding_window must be a positive int exactly when a layer is "
+                                         f"sliding_attention, got {window!r}"))
+        if self.is_causal not in (None, True, False):
+            out.append(("invalid_value", f"is_causal must be true, false or absent, got {self.is_causal!r}"))
+        return out
+
+    @property
+    def plain_attention(self) -> bool:
+        """Whether every draft layer is SGLang's default DFlash attention (full, non-causal inside the block): the
+        only kind specopd's trainer and tree scoring implement."""
+        return not self.layer_types and self.is_causal is not True
 
     def _extra_problems(self) -> list[tuple[str, str]]:
         """Problems of a subclass's own fields (DFlash V2, DSpark), reported with the DFlash ones; none here."""
@@ -212,8 +246,9 @@ def drafter_config(spec: DrafterSpec) -> dict[str, Any]:
         "max_position_embeddings": spec.max_position_embeddings,
         "vocab_size": spec.vocab_size,
         "tie_word_embeddings": False,
-        "layer_types": ["full_attention"] * spec.num_hidden_layers,
-        "use_sliding_window": False,
+        "layer_types": list(spec.layer_types) or ["full_attention"] * spec.num_hidden_layers,
+        "use_sliding_window": spec.sliding_window is not None,
+        **({} if spec.sliding_window is None else {"sliding_window": spec.sliding_window}),
         "num_target_layers": spec.num_target_layers,
         "dflash_config": {
             "block_size": spec.block_size,
@@ -222,6 +257,7 @@ def drafter_config(spec: DrafterSpec) -> dict[str, Any]:
             "mask_token_id": spec.mask_token_id,
         },
         "dtype": spec.dtype,
+        **({} if spec.is_causal is None else {"is_causal": spec.is_causal}),
     }
 
 
@@ -272,6 +308,11 @@ def dflash_fields(cfg: Any, architecture: str = DRAFTER_ARCHITECTURE) -> tuple[d
     if theta is None:
         problems.append(("config_key_missing", "config.json is missing key rope_parameters.rope_theta"))
     values["rope_theta"] = theta
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types != ["full_attention"] * len(types):
+        values["layer_types"] = tuple(types)
+        values["sliding_window"] = cfg.get("sliding_window")
+    values["is_causal"] = cfg.get("is_causal")
     for name in ("block_size", "target_layer_ids", "mask_token", "mask_token_id"):
         if not isinstance(dflash, Mapping):
             break

@@ -58,12 +58,25 @@ def push_drafter(url: str, drafter, version: str, admin_api_key: str, timeout: f
 
     Raises ``specopd_trainer.client.ServerRequestError`` when the server refuses (the old drafter keeps serving).
     """
+    return push_checkpoint(url, drafter.checkpoint_config(), drafter.checkpoint_tensors(), version, admin_api_key,
+                           timeout)
+
+
+def push_checkpoint(url: str, config: dict, tensors: dict, version: str, admin_api_key: str,
+                    timeout: float = 300.0) -> dict:
+    """Hot-swap the drafter checkpoint ``(config.json dict, {tensor name: CPU tensor})`` into the server at ``url``
+    (``POST /specopd/drafter/swap``, the body of :func:`sglang_specopd.wire.protocol.swap_payload`); the server
+    validates it all-or-nothing. Returns the server's reply ``{version, previous_version, swaps, cache_flushed}``.
+
+    Raises ``specopd_trainer.client.ServerRequestError`` (status, reason) when the server refuses (the old drafter
+    keeps serving); ``httpx.HTTPError`` when it cannot be reached.
+    """
     import httpx
 
     from sglang_specopd.wire.protocol import SWAP_DRAFTER_PATH, swap_payload
     from specopd_trainer.client import ServerRequestError
 
-    body = swap_payload(drafter.checkpoint_config(), drafter.checkpoint_tensors(), version)
+    body = swap_payload(config, tensors, version)
     r = httpx.post(url.rstrip("/") + SWAP_DRAFTER_PATH, content=body, timeout=timeout,
                    headers={"Authorization": f"Bearer {admin_api_key}", "Content-Type": "application/octet-stream"})
     if r.status_code != 200:

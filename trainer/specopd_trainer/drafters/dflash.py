@@ -53,6 +53,10 @@ class DFlashDrafter(nn.Module):
     def __init__(self, spec: DrafterSpec, *, seed: int = 0, dtype: torch.dtype = torch.float32,
                  target_head: Optional[TargetHead] = None):
         super().__init__()
+        if not spec.plain_attention:  # SGLang serves these (and specopd pushes them); their training is not here
+            raise DrafterLoadError(f"specopd trains DFlash's non-causal full attention only; this drafter has "
+                                   f"layer_types {list(spec.layer_types)}, sliding_window {spec.sliding_window}, "
+                                   f"is_causal {spec.is_causal}")
         self.spec = spec
         h, eps = spec.hidden_size, spec.rms_norm_eps
         self.layers = nn.ModuleList(self._make_layer(spec) for _ in range(spec.num_hidden_layers))
