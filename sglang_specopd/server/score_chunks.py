@@ -26,7 +26,7 @@ from sglang_specopd.server.score_gdn import has_gdn_layers
 from sglang_specopd.server.scoring import (
     ReferencePlan,
     head_outputs,
-    lm_head_weight,
+    served_head,
     score_reference,
     target_model,
     tree_forward,
@@ -136,7 +136,7 @@ def score_trees_steps(scheduler, req: ScoreTreesRequest, budget_tokens: int = 0)
     model = target_model(scheduler)
     device = next(model.parameters()).device
     out_dtype = torch.float32 if req.output_dtype == "float32" else torch.bfloat16
-    head = lm_head_weight(model)
+    head = served_head(model, int(scheduler.tp_worker.model_runner.model_config.vocab_size))
     cache = scheduler_cache()
     whole = budget_tokens <= 0 or has_gdn_layers(model)  # a hybrid GDN target's prefix state is not chunked
     tensors: Dict[str, torch.Tensor] = {}

@@ -20,12 +20,16 @@ Hybrid Gated DeltaNet targets (:mod:`sglang_specopd.server.score_gdn`): the full
 attention above, the GDN layers indexed state replay over the same row; no prefix cache, no pieces; a target
 with another kind of recurrent layer is refused (HTTP 400).
 
-The FlashInfer packed custom mask (``specopd_kernels.tree.flashinfer_custom_mask``) is the planned GPU fast path
-(not yet wired: FlashInfer is not available on the CPU machines).
+The attention kernel is chosen per device by :func:`specopd_kernels.tree.get_tree_attention` (plain torch on CPU;
+on CUDA a kernel only when the GPU acceptance run verified it, see :mod:`specopd_kernels.verified`); the
+FlashInfer custom-mask path (:mod:`specopd_kernels.tree.flashinfer_attention`) is one of those kernels. Under
+tensor parallelism the LM head is vocab-sharded: top-k, full log-probs and the log-sum-exp are gathered over the TP
+group (:mod:`sglang_specopd.server.score_head`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
 import torch
@@ -41,6 +45,8 @@ from sglang_specopd.server.score_gdn import (
     register_gdn_scoring,
 )
 from sglang_specopd.server.qwen4_exp_features import register_qwen4_exp_features
+from sglang_specopd.server.score_head import HEAD_ROW_BLOCK, Gather, VocabShard, identity_gather, head_shard_of
+from sglang_specopd.server.score_head import shard_head_outputs
 from sglang_specopd.server.score_qsa import QSATreeSelection, qsa_tree_attention, register_qsa_scoring
 from sglang_specopd.server.tree_call import TREE_CALL, TreeCall, TreeForwardBatch
 from sglang_specopd.wire.protocol import ScoreTreesError, ScoreTreesRequest, validate_request
@@ -126,12 +132,38 @@ def tree_forward(model, input_ids, positions, layout, capture_layer_ids=(), *, p
 
 
 def lm_head_weight(model) -> torch.Tensor:
-    """The target's LM head weight [V, H] (the tied embedding when there is no separate head)."""
+    """The target's LM head weight [V, H] (the tied embedding when there is no separate head); under tensor
+    parallelism this rank's vocab shard only (use :func:`served_head` to score with it)."""
     head = getattr(model, "lm_head", None)
     w = getattr(head, "weight", None)
     if w is None:
         w = model.model.embed_tokens.weight
     return w
+
+
+@dataclass(frozen=True)
+class ServedHead:
+    """The served LM head as score_trees uses it: this rank's ``weight`` rows, their
+    :class:`~sglang_specopd.server.score_head.VocabShard`, and the ``gather`` over the head's tensor-parallel group
+    (the identity on one rank)."""
+
+    weight: torch.Tensor
+    shard: VocabShard
+    gather: Gather
+
+
+def served_head(model, vocab_size: int) -> ServedHead:
+    """The :class:`ServedHead` of an SGLang causal LM: its ``lm_head`` (else the tied ``embed_tokens``); split over
+    ``tp_size`` ranks, it gathers over SGLang's TP group (the attention-TP group when the head uses that one)."""
+    module = getattr(model, "lm_head", None)
+    if getattr(module, "weight", None) is None:
+        module = model.model.embed_tokens
+    world = int(getattr(module, "tp_size", 1) or 1)
+    gather = identity_gather
+    if world > 1:
+        group = compat.get("get_attn_tp_group" if getattr(module, "use_attn_tp_group", False) else "get_tp_group")()
+        gather = lambda t: group.all_gather(t.contiguous(), dim=-1)  # noqa: E731
+    return ServedHead(module.weight, head_shard_of(module, module.weight, vocab_size, world), gather)
 
 
 def _max_position(ref) -> int:
@@ -167,34 +199,18 @@ def parse_score_request(scheduler, payload: bytes) -> ScoreTreesRequest:
     return req
 
 
-HEAD_ROW_BLOCK = 64  # rows of logits per logsumexp / top-k call in head_outputs
-
-
-def head_outputs(h: torch.Tensor, head: torch.Tensor, req: ScoreTreesRequest, out_dtype) -> Dict[str, torch.Tensor]:
+def head_outputs(h: torch.Tensor, head, req: ScoreTreesRequest, out_dtype) -> Dict[str, torch.Tensor]:
     """The returned per-row tensors of hidden rows ``h`` [R, H]: ``hidden``, ``topk_ids`` / ``topk_logprobs`` /
-    ``lse``, ``logprobs`` (as ``req.returns`` asks; keys without the ``ref{i}.`` prefix, CPU tensors). Rows are
-    independent, so blocks of rows concatenated give the outputs of all rows."""
+    ``lse``, ``logprobs`` (as ``req.returns`` asks; keys without the ``ref{i}.`` prefix, CPU tensors). ``head``: a
+    :class:`ServedHead` (vocab-parallel heads gathered: :func:`~sglang_specopd.server.score_head.
+    shard_head_outputs`) or a plain weight [V, H]. Rows are independent, so blocks of rows concatenated give the
+    outputs of all rows."""
+    if isinstance(head, torch.Tensor):
+        head = ServedHead(head, VocabShard(0, int(head.shape[0]), int(head.shape[0])), identity_gather)
     out: Dict[str, torch.Tensor] = {}
     if "hidden" in req.returns:
         out["hidden"] = h.to(out_dtype).cpu()
-    if "topk" in req.returns or "logprobs" in req.returns:
-        logits = torch.matmul(h.float(), head.float().t())
-        # per block of HEAD_ROW_BLOCK rows: the reductions read a block of logits while it is still in cache (one
-        # thread on the 2-core CI machine, [912, 576] x [576, 49152]: the head took 0.96 s with whole-tensor
-        # reductions, 0.87 s with 64-row ones); rows are independent, so the values are the whole-tensor ops'
-        blocks = logits.split(HEAD_ROW_BLOCK)  # at least one block, empty when there are no rows
-        lse = torch.cat([torch.logsumexp(b, dim=-1) for b in blocks])
-        if "topk" in req.returns:
-            # top-k of the logits, then minus the row's lse: the same values as top-k of the log-probs without
-            # writing an [R, V] log-prob tensor when only top-k is asked for
-            k = min(req.top_k, logits.shape[-1])
-            tops = [b.topk(k, dim=-1) for b in blocks]
-            vals, idx = torch.cat([t.values for t in tops]), torch.cat([t.indices for t in tops])
-            out["topk_ids"] = idx.cpu()
-            out["topk_logprobs"] = (vals - lse[:, None]).to(out_dtype).cpu()
-            out["lse"] = lse.cpu()
-        if "logprobs" in req.returns:
-            out["logprobs"] = (logits - lse[:, None]).to(out_dtype).cpu()
+    out.update(shard_head_outputs(h, head.weight, req.returns, req.top_k, out_dtype, head.shard, head.gather))
     return out
 
 
@@ -272,7 +288,8 @@ def score_dims_op(scheduler, payload: bytes):
             "intermediate": int(getattr(hf, "intermediate_size", None) or 4 * hf.hidden_size), "q_heads": heads,
             "kv_heads": int(getattr(hf, "num_key_value_heads", None) or heads),
             "head_dim": int(getattr(hf, "head_dim", None) or hf.hidden_size // heads), "vocab": int(cfg.vocab_size),
-            "act_bytes": next(model.parameters()).element_size(), "context_len": int(getattr(cfg, "context_len", 0) or 0)}
+            "act_bytes": next(model.parameters()).element_size(),
+            "context_len": int(getattr(cfg, "context_len", 0) or 0)}
     dims.update(gdn_dims(scheduler.tp_worker.model_runner))
     return 200, "ok", json.dumps(dims).encode()
 
