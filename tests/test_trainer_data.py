@@ -119,9 +119,10 @@ def test_split_keeps_duplicate_prompts_out_of_training() -> None:
 
 
 def test_unknown_domain() -> None:
-    with pytest.raises(UnknownDomainError, match="valid domains: dialogue, coding, math, agentic"):
+    with pytest.raises(UnknownDomainError, match="valid domains: dialogue, coding, math, agentic, japanese, wordsort"):
         load_domain("poetry")
-    assert issubclass(UnknownDomainError, KeyError) and list(DOMAINS) == ["dialogue", "coding", "math", "agentic"]
+    assert issubclass(UnknownDomainError, KeyError)
+    assert list(DOMAINS) == ["dialogue", "coding", "math", "agentic", "japanese", "wordsort"]
 
 
 def test_load_jsonl(tmp_path: Path) -> None:

@@ -11,7 +11,8 @@ from sglang_specopd.app.cli_apps import app, drafter_app, models_app  # noqa: F4
 
 def _register_subcommands() -> None:
     # Each module adds its commands to the apps above; the modules import nothing heavy at import time.
-    from sglang_specopd.app import cli_bench, cli_demo, cli_drafter, cli_eval, cli_models, cli_serve, cli_train  # noqa: F401
+    from sglang_specopd.app import (cli_adapt, cli_bench, cli_demo, cli_drafter, cli_eval, cli_models,  # noqa: F401
+                                    cli_serve, cli_train)
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import List, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class ServeConfig(BaseModel):
@@ -55,8 +55,20 @@ class ServeConfig(BaseModel):
         default=0, ge=0, description="MiB of live-traffic items (prompt + output ids and verify trace of every "
                                      "finished request) the server keeps for training, read and purged with the "
                                      "admin key (sglang_specopd.server.traffic, docs/live_traffic.md; 0 = off)")
+    traffic_features_mb: float = Field(
+        default=0, ge=0, description="MiB of the target's context features captured while serving the spooled "
+                                     "items (bf16, K x hidden values per token; sglang_specopd.server."
+                                     "traffic_features): a trainer on the traffic then needs no second prefill "
+                                     "(0 = off; needs traffic_spool_mb > 0)")
     checked_on_gpu: bool = False
     extra_sglang_args: List[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _features_need_the_spool(self):
+        if self.traffic_features_mb > 0 and self.traffic_spool_mb <= 0:
+            raise ValueError("traffic_features_mb > 0 needs traffic_spool_mb > 0 (features are kept for the "
+                             "spooled items)")
+        return self
 
     @classmethod
     def load(cls, path: str | Path) -> "ServeConfig":

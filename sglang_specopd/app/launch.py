@@ -55,14 +55,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def server_env(device: str, base: Optional[Dict[str, str]] = None, prefix_cache_mb: int = 0,
-               score=None, traffic_spool_mb: float = 0) -> Dict[str, str]:
+               score=None, traffic_spool_mb: float = 0, traffic_features_mb: float = 0) -> Dict[str, str]:
     """Environment for the SGLang process, as the plugin asks for it
     (:func:`sglang_specopd.server.plugin.launch_environment`; ``score``: a
     :class:`sglang_specopd.server.score_cost.ScoreSettings`, None for the defaults; ``traffic_spool_mb``: the
-    live-traffic spool, 0 = off)."""
+    live-traffic spool, ``traffic_features_mb``: features captured while serving, 0 = off)."""
     from sglang_specopd.server.plugin import launch_environment
 
-    return launch_environment(device, base, prefix_cache_mb, score, traffic_spool_mb)
+    return launch_environment(device, base, prefix_cache_mb, score, traffic_spool_mb, traffic_features_mb)
 
 
 @dataclass
@@ -91,6 +91,7 @@ class LaunchSpec:
     score_queue_max: int = 4
     score_max_request_mb: int = 1024
     traffic_spool_mb: float = 0  # live-traffic spool (sglang_specopd.server.traffic); 0 = off
+    traffic_features_mb: float = 0  # context features captured while serving (server.traffic_features); 0 = off
     extra_args: List[str] = field(default_factory=list)
 
     def score_settings(self):
@@ -189,7 +190,8 @@ class SGLangServer:
         log = open(self.log_path, "ab")
         t0 = time.monotonic()
         env = server_env(self.spec.device, prefix_cache_mb=self.spec.prefix_cache_mb, score=self.spec.score_settings(),
-                         traffic_spool_mb=self.spec.traffic_spool_mb)
+                         traffic_spool_mb=self.spec.traffic_spool_mb,
+                         traffic_features_mb=self.spec.traffic_features_mb)
         self.tmpdir = make_private_tmpdir(env)
         try:
             self.proc = subprocess.Popen(self.spec.argv(), env=env, stdout=log,

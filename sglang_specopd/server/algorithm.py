@@ -62,6 +62,7 @@ def _make_worker_class():
     from sglang_specopd.server.hot_swap import current_version
     from sglang_specopd.server.traces import record_verify_step, record_versions, wants_trace
     from sglang_specopd.server.traffic import recording
+    from sglang_specopd.server.traffic_features import capture_prefill, capture_verify, capturing
 
     DFlashWorkerV2 = compat.get("DFlashWorkerV2")
     _commit_accept = compat.get("_commit_accept")
@@ -72,6 +73,7 @@ def _make_worker_class():
 
     sampled = draft_sampling_mode() == "sample"  # read at server start: a bad value fails the launch, not a step
     keep_all = recording()  # live-traffic spool on: every request's verify records are kept (server/traffic.py)
+    capture = keep_all and capturing()  # and the target's context features of every served token (traffic_features)
 
     class SpecOPDWorker(DFlashWorkerV2):
         """``DFlashWorkerV2`` that records (anchor, proposed tokens, accepted count, drafter version) per verify step
@@ -105,6 +107,17 @@ def _make_worker_class():
             greedy = resolve_greedy_mask(bs=bs, sampling_info=info, device=logits.device)
             tokens, self._specopd_q = sample_block(logits.view(bs, gamma, vocab), info.temperatures, greedy)
             return tokens.view(-1)
+
+        def _append_target_hidden_to_draft_kv_by_loc(self, **kwargs):
+            super()._append_target_hidden_to_draft_kv_by_loc(**kwargs)
+            reqs = self._specopd_reqs
+            if capture and reqs:  # the rows the drafter's context KV was just filled from, kept for the spool
+                if kwargs.get("commit_lens") is not None:
+                    capture_verify(reqs, kwargs["target_hidden"], kwargs["positions"], kwargs["commit_lens"],
+                                   int(self.block_size))
+                elif kwargs.get("extend_lens") is not None:
+                    capture_prefill(reqs, kwargs["target_hidden"], kwargs["positions"],
+                                    kwargs["extend_lens"].tolist())
 
         def _accept_block(self, **kwargs):
             q, self._specopd_q = self._specopd_q, None

@@ -139,6 +139,10 @@ SYMBOLS: Tuple[Symbol, ...] = (
     _s("DFlashWorkerV2._accept_block", _DFLASH_W, "DFlashWorkerV2._accept_block", OVR,
        ("self", "candidates", "next_token_logits", "sampling_info", "draft_input", "prefix_lens", "target_predict"),
        used_by="algorithm"),
+    _s("DFlashWorkerV2._append_target_hidden_to_draft_kv_by_loc", _DFLASH_W,
+       "DFlashWorkerV2._append_target_hidden_to_draft_kv_by_loc", OVR,
+       ("self", "target_hidden", "cache_loc", "positions", "cache_loc_2d", "commit_lens", "extend_lens"),
+       used_by="algorithm"),  # traffic_features: the rows it is given are the served tokens' context features
     _s("_commit_accept", _DFLASH_W, "_commit_accept", R, ("candidates", "accept_len", "bonus_tokens"),
        used_by="algorithm"),
     _s("is_dense_head_weight", _DFLASH_W, "is_dense_head_weight", R, ("weight",), used_by="algorithm"),

@@ -68,21 +68,25 @@ def register() -> None:
 
 
 def launch_environment(device: str, base: Optional[Dict[str, str]] = None, prefix_cache_mb: int = 0,
-                       score=None, traffic_spool_mb: float = 0) -> Dict[str, str]:
+                       score=None, traffic_spool_mb: float = 0, traffic_features_mb: float = 0) -> Dict[str, str]:
     """Environment for the SGLang process: the score_trees prefix cache's size (``SPECOPD_PREFIX_CACHE_MB``), the
     score_trees budget / queue / cost cap (``score``: a :class:`sglang_specopd.server.score_cost.ScoreSettings`,
     ``SPECOPD_SCORE_*``; None: the defaults), the live-traffic spool's budget (``traffic_spool_mb`` MiB, 0 = off;
-    ``SPECOPD_TRAFFIC_SPOOL_BYTES``, :mod:`sglang_specopd.server.traffic`) and, on CPU, the CPU engine and the
+    ``SPECOPD_TRAFFIC_SPOOL_BYTES``, :mod:`sglang_specopd.server.traffic`), the features captured while serving
+    (``traffic_features_mb``, ``SPECOPD_TRAFFIC_FEATURES_BYTES``, :mod:`sglang_specopd.server.traffic_features`) and,
+    on CPU, the CPU engine and the
     ``sgl_kernel`` stand-in."""
     from sglang_specopd.server.prefix_cache import ENV_VAR
     from sglang_specopd.server.score_cost import ScoreSettings
     from sglang_specopd.server.traffic import spool_env
+    from sglang_specopd.server.traffic_features import features_env
 
     env = dict(os.environ if base is None else base)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env[ENV_VAR] = str(int(prefix_cache_mb))
     env.update((score or ScoreSettings()).env())
     env.update(spool_env(traffic_spool_mb))
+    env.update(features_env(traffic_features_mb))
     if device == "cpu":
         from sglang_specopd.server.cpu import STANDIN_DIR
 

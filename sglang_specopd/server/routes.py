@@ -4,7 +4,9 @@
 checked by SGLang's own auth middleware) and ``GET /specopd/drafter`` (version and spec of the serving drafter).
 ``GET /specopd/prefix_cache`` (the score_trees prefix cache's stats) and ``POST /specopd/prefix_cache/clear``
 (admin, as the swap). ``GET /specopd/traffic`` and ``POST /specopd/traffic/purge`` (admin, as the swap): the
-live-traffic spool (:mod:`sglang_specopd.server.traffic`; 404 with the reason when recording is off).
+live-traffic spool (:mod:`sglang_specopd.server.traffic`; 404 with the reason when recording is off), and
+``GET /specopd/traffic/features`` (admin): the context features captured while serving those items
+(:mod:`sglang_specopd.server.traffic_features`).
 
 ``POST /specopd/score_trees`` (normal auth: SGLang's ``--api-key`` when set): a JSON :class:`ScoreTreesRequest`;
 the reply is ``application/octet-stream`` safetensors bytes (tensors per reference ``ref{i}.*``, JSON header in
@@ -26,7 +28,7 @@ from sglang_specopd.wire.protocol import (
     SCORE_TREES_PATH,
     SWAP_DRAFTER_PATH,
 )
-from sglang_specopd.wire.traffic import TRAFFIC_PATH, TRAFFIC_PURGE_PATH
+from sglang_specopd.wire.traffic import TRAFFIC_FEATURES_PATH, TRAFFIC_PATH, TRAFFIC_PURGE_PATH
 
 
 async def score_trees(request: Request):
@@ -87,6 +89,28 @@ async def traffic_read(request: Request):
     return await _json_op("traffic", json.dumps({"action": "read", **query}).encode())
 
 
+async def traffic_features_read(request: Request):
+    """Admin: the context features captured while serving items ``?seqs=1,2,..&spool_id=ID`` (safetensors bytes,
+    :func:`sglang_specopd.server.traffic_features.features_reply`); 400 for a bad query, 404 when capture is off,
+    409 for another spool's id."""
+    import json
+
+    from fastapi.responses import Response
+
+    from sglang_specopd.server import control
+    from sglang_specopd.server.traffic_features import parse_seqs
+
+    try:
+        seqs, spool_id = parse_seqs(request.query_params)
+    except ValueError as exc:
+        return error_response(400, str(exc))
+    reply = await control.call("traffic", json.dumps({"action": "features", "seqs": seqs,
+                                                      "spool_id": spool_id}).encode())
+    if reply.status != 200:
+        return error_response(reply.status, reply.message)
+    return Response(content=reply.payload, media_type="application/octet-stream")
+
+
 async def traffic_purge(request: Request):
     """Admin: drop every live-traffic item; ``{"purged": n, "stats": {...}}``."""
     return await _json_op("traffic", b'{"action": "purge"}')
@@ -107,6 +131,7 @@ def add_routes(*args, **kwargs):
                           methods=["POST"])
         app.add_api_route(TRAFFIC_PATH, auth_level(admin_force)(traffic_read), methods=["GET"])
         app.add_api_route(TRAFFIC_PURGE_PATH, auth_level(admin_force)(traffic_purge), methods=["POST"])
+        app.add_api_route(TRAFFIC_FEATURES_PATH, auth_level(admin_force)(traffic_features_read), methods=["GET"])
     return None
 
 

@@ -8,7 +8,11 @@ output streamer calls :func:`record_finished`, which appends one item to :class:
 scheduler process with a byte budget::
 
     {"seq": int, "input_ids": prompt ids + output ids (as served), "prompt_len": int,
-     "trace": [{"anchor", "proposed", "accepted", "drafter_version"}, ...], "finished_at": Unix seconds}
+     "trace": [{"anchor", "proposed", "accepted", "drafter_version"}, ...], "finished_at": Unix seconds,
+     "features": {"start": int, "rows": int}}   # only when context features were captured while serving
+
+Features (``traffic_features_mb > 0``, :mod:`sglang_specopd.server.traffic_features`) are held in their own
+byte-bounded ring beside the spool, keyed by ``seq``, and read with op ``traffic`` action ``features``.
 
 Why in the scheduler: it holds the exact prompt ids (``origin_input_ids``) and served output ids
 (``output_ids_through_stop``), and the records of requests that did not ask for a trace never leave it (they are
@@ -90,7 +94,7 @@ class TrafficSpool:
         return len(self._seqs) - self._head
 
     def add(self, input_ids: Sequence[int], prompt_len: int, trace: List[dict],
-            finished_at: Optional[float] = None) -> Optional[int]:
+            finished_at: Optional[float] = None, features: Optional[Dict[str, int]] = None) -> Optional[int]:
         """Append one item; returns its seq, or None when it alone exceeds the budget (dropped, counted).
 
         Args:
@@ -98,13 +102,18 @@ class TrafficSpool:
             prompt_len: how many of ``input_ids`` are the prompt (0 <= prompt_len <= len(input_ids)).
             trace: the request's verify records (:mod:`sglang_specopd.server.traces`), JSON-serialisable.
             finished_at: Unix time in seconds (default: now).
+            features: ``{"start", "rows"}`` when the target's context features of this item are held beside the
+                spool (:mod:`sglang_specopd.server.traffic_features`), else None (the key is left out).
         """
         if not 0 <= prompt_len <= len(input_ids):
             raise ValueError(f"prompt_len {prompt_len} outside 0..{len(input_ids)}")
         self.last_seq += 1
         seq = self.last_seq
-        data = _compact({"seq": seq, "input_ids": [int(t) for t in input_ids], "prompt_len": int(prompt_len),
-                         "trace": trace, "finished_at": float(self._clock() if finished_at is None else finished_at)})
+        item = {"seq": seq, "input_ids": [int(t) for t in input_ids], "prompt_len": int(prompt_len),
+                "trace": trace, "finished_at": float(self._clock() if finished_at is None else finished_at)}
+        if features is not None:
+            item["features"] = {"start": int(features["start"]), "rows": int(features["rows"])}
+        data = _compact(item)
         if len(data) > self.budget_bytes:
             self.counts["dropped_oversize"] += 1
             return None
@@ -193,6 +202,7 @@ def record_finished(reqs: Sequence[Any]) -> int:
     """Scheduler side, from the output streamer: spool every request in ``reqs`` that has just finished with
     reason ``stop`` or ``length`` (once per request). Returns how many were spooled (0 when recording is off)."""
     from sglang_specopd.server.traces import take_all
+    from sglang_specopd.server.traffic_features import discard, store_finished
 
     sp = spool()
     if sp is None:
@@ -205,9 +215,12 @@ def record_finished(reqs: Sequence[Any]) -> int:
         trace = take_all(req)
         reason = req.finished_reason.to_json() if req.finished_reason is not None else {}
         if reason.get("type") not in ("stop", "length"):
+            discard(req)
             continue
         prompt = list(req.origin_input_ids)
-        sp.add(prompt + list(req.output_ids_through_stop), len(prompt), trace)
+        ids = prompt + list(req.output_ids_through_stop)
+        features = store_finished(req, sp.last_seq + 1, len(ids))  # kept under the seq add() assigns next
+        sp.add(ids, len(prompt), trace, features=features)
         n += 1
     return n
 
@@ -245,8 +258,22 @@ def traffic_op(scheduler, payload: bytes):
                      f"{algo or 'none'}): no traces to record"), b""
     req = json.loads(payload)
     if req.get("action") == "purge":
+        from sglang_specopd.server.traffic_features import ring
+
         n = sp.purge()
+        if ring() is not None:
+            ring().clear()
         return 200, "ok", _compact({"purged": n, "stats": sp.stats()})
+    if req.get("action") == "features":
+        from sglang_specopd.server.traffic_features import OFF_REASON as FEATURES_OFF, features_reply, ring
+
+        if ring() is None:
+            return 404, FEATURES_OFF, b""
+        spool_id = req.get("spool_id")
+        if spool_id is not None and spool_id != sp.spool_id:
+            return 409, (f"spool_id {str(spool_id)[:40]!r} is not this server's spool ({sp.spool_id}): the server "
+                         f"restarted, the items of that spool are gone"), b""
+        return 200, "ok", features_reply(req["seqs"], sp.spool_id)
     return 200, "ok", sp.read(int(req["after"]), int(req["max_items"]), req.get("spool_id"))
 
 

@@ -12,12 +12,14 @@ See ``docs/live_traffic.md``. Strict pydantic models (no type coercion, unknown 
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
 TRAFFIC_PATH = "/specopd/traffic"  # GET (admin): ?after=SEQ&max_items=N
 TRAFFIC_PURGE_PATH = "/specopd/traffic/purge"  # POST (admin): drop every item
+TRAFFIC_FEATURES_PATH = "/specopd/traffic/features"  # GET (admin): ?seqs=1,2,..: features captured while serving
+MAX_FEATURE_SEQS_PER_READ = 64
 MAX_ITEMS_PER_READ = 4096  # max_items accepted by one GET
 DEFAULT_ITEMS_PER_READ = 256
 MAX_REPLY_BYTES = 32 * 2**20  # one GET returns items up to this many bytes of JSON (always at least one item)
@@ -38,6 +40,17 @@ class TraceRecord(BaseModel):
     drafter_version: str
 
 
+class TrafficFeatures(BaseModel):
+    """Where an item's context features (captured while serving, ``GET /specopd/traffic/features``) start: rows for
+    positions ``start .. start + rows - 1`` of ``input_ids`` (``start`` > 0 when a cached prefix was not recomputed;
+    ``start + rows = len(input_ids) - 1``: the last served token's row is never computed)."""
+
+    model_config = _STRICT
+
+    start: int = Field(ge=0)
+    rows: int = Field(ge=1)
+
+
 class TrafficItem(BaseModel):
     """One served request: ``input_ids`` = prompt ids + output ids (as returned to the user; ``prompt_len`` of them
     are the prompt), its verify steps, when it finished (Unix time, seconds) and its position ``seq`` in the spool
@@ -50,6 +63,7 @@ class TrafficItem(BaseModel):
     prompt_len: int = Field(ge=0)
     trace: List[TraceRecord]
     finished_at: float
+    features: Optional[TrafficFeatures] = None
 
 
 class TrafficStats(BaseModel):

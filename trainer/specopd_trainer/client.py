@@ -20,7 +20,13 @@ from sglang_specopd.wire.protocol import (
     ScoreTreesRequest,
     decode_tensors,
 )
-from sglang_specopd.wire.traffic import TRAFFIC_PATH, TRAFFIC_PURGE_PATH, PurgeReply, TrafficReply
+from sglang_specopd.wire.traffic import (
+    TRAFFIC_FEATURES_PATH,
+    TRAFFIC_PATH,
+    TRAFFIC_PURGE_PATH,
+    PurgeReply,
+    TrafficReply,
+)
 
 
 class ServerError(RuntimeError):
@@ -93,6 +99,19 @@ def _reason(r: httpx.Response) -> str:
     except ValueError:
         reason = r.text
     return str(reason)
+
+
+def _safetensors_metadata(data: bytes) -> Dict[str, str]:
+    """The ``__metadata__`` of safetensors bytes (header: 8-byte little-endian length, then JSON)."""
+    import json
+    import struct
+
+    if len(data) < 8:
+        raise ServerError("safetensors reply shorter than its 8-byte header length")
+    (n,) = struct.unpack("<Q", data[:8])
+    if n > len(data) - 8:
+        raise ServerError("safetensors reply: header longer than the body")
+    return json.loads(data[8:8 + n]).get("__metadata__") or {}
 
 
 class SpecOPDClient:
@@ -205,8 +224,45 @@ class SpecOPDClient:
         self.last_traffic = reply
         self._traffic_cursor = (reply.spool_id, reply.next_after)
         return [{"input_ids": list(it.input_ids), "prompt_len": it.prompt_len,
-                 "trace": [rec.model_dump() for rec in it.trace], "finished_at": it.finished_at}
+                 "trace": [rec.model_dump() for rec in it.trace], "finished_at": it.finished_at, "seq": it.seq}
                 for it in reply.items]
+
+    def traffic_page(self, after: int, spool_id: Optional[str], max_items: int) -> Dict[str, Any]:
+        """One raw ``GET /specopd/traffic`` reply as parsed JSON (admin), items NOT validated: a reader that must
+        survive a malformed item (``specopd_trainer.adapt.reader``) validates each one itself. ``after``/``spool_id``:
+        the cursor of the previous page (0 / None for the start). Raises :class:`ServerRequestError` as
+        :meth:`traffic`, :class:`ServerError` when the reply is not a JSON object."""
+        params: Dict[str, Any] = {"max_items": int(max_items), "after": int(after)}
+        if spool_id is not None:
+            params["spool_id"] = spool_id
+        r = self._request("GET", TRAFFIC_PATH, params=params, headers=self._admin_headers())
+        try:
+            reply = r.json()
+        except ValueError as exc:
+            raise ServerError(f"{TRAFFIC_PATH}: reply is not JSON ({exc})") from None
+        if not isinstance(reply, dict):
+            raise ServerError(f"{TRAFFIC_PATH}: reply is not a JSON object")
+        return reply
+
+    def traffic_features(self, seqs: List[int], spool_id: Optional[str] = None):
+        """Context features captured while serving traffic items ``seqs`` (<= 64; ``GET /specopd/traffic/features``,
+        admin). Returns ``({seq: (start, bf16 tensor [rows, K*H])}, [seqs without features])``: rows for positions
+        ``start .. start + rows - 1`` of the item's ``input_ids``. Raises :class:`ServerRequestError`: 404 when the
+        server does not capture features, 409 when ``spool_id`` is not the server's (it restarted)."""
+        import json
+
+        from safetensors.torch import load as load_safetensors
+
+        params: Dict[str, Any] = {"seqs": ",".join(str(int(s)) for s in seqs)}
+        if spool_id is not None:
+            params["spool_id"] = spool_id
+        r = self._request("GET", TRAFFIC_FEATURES_PATH, params=params, headers=self._admin_headers())
+        tensors = load_safetensors(r.content)
+        meta = _safetensors_metadata(r.content)
+        start = json.loads(meta.get("start", "{}"))
+        missing = [int(s) for s in json.loads(meta.get("missing", "[]"))]
+        out = {int(k.split(".", 1)[1]): (int(start[k.split(".", 1)[1]]), v) for k, v in tensors.items()}
+        return out, missing
 
     def purge_traffic(self) -> int:
         """Drop every live-traffic item held by the server (``POST /specopd/traffic/purge``, admin); returns how many

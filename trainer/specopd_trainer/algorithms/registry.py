@@ -21,8 +21,9 @@ from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Sequen
 
 from pydantic import BaseModel
 
-__all__ = ["Algorithm", "AlgorithmError", "BUILTIN", "PushFn", "RunReport", "TrainContext", "UnknownAlgorithmError",
-           "algorithms", "fmt", "get", "names", "register", "unregister"]
+__all__ = ["AdaptContext", "Algorithm", "AlgorithmError", "BUILTIN", "NothingToTrain", "PushFn", "RunReport",
+           "TrainContext", "UnknownAlgorithmError", "adaptive", "algorithms", "fmt", "get", "names", "register",
+           "unregister"]
 
 # The algorithm packages of the trainer, imported (so registered) on the first lookup: one line per algorithm.
 BUILTIN: Tuple[str, ...] = (
@@ -38,6 +39,10 @@ PushFn = Callable[[int, Any], Any]  # push(step, drafter): hot-swap the drafter 
 class AlgorithmError(Exception):
     """A run stopped on a condition of the server or the data (e.g. rollouts without verify records); the message
     is for the user (the CLI prints it as one ``error:`` line, exit 1)."""
+
+
+class NothingToTrain(AlgorithmError):
+    """An adapt step found nothing to train on yet (no traffic, no fresh blocks): the adapter waits for traffic."""
 
 
 class UnknownAlgorithmError(KeyError):
@@ -66,6 +71,27 @@ class TrainContext:
     prompts: Sequence = ()
     push: Optional[PushFn] = None
     progress: bool = True
+
+
+@dataclass(frozen=True)
+class AdaptContext:
+    """What ``specopd adapt`` (:mod:`specopd_trainer.adapt`) hands an algorithm's adapt-step factory.
+
+    drafter: the candidate being trained in place. client: the live server's client (admin key). train: the
+    adapter's training traffic, a live list of :class:`specopd_trainer.adapt.buffer.TrafficSequence` (token ids,
+    context features, prompt length, the served verify records, the drafter version each was served by), oldest
+    first; it changes between steps (new traffic in, oldest out). fresh_versions: ``() -> set`` of drafter versions
+    whose served records are on-policy enough to replay (the deployed one and the last ``max_staleness`` before it).
+    """
+
+    drafter: Any
+    client: Any
+    train: Sequence
+    fresh_versions: Callable[[], Any]
+
+
+# step(gen) -> (loss: float, metrics with "supervised_tokens"): forward AND backward; the adapter steps the optimiser
+AdaptStep = Callable[[Any], Tuple[float, Dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -100,6 +126,9 @@ class Algorithm:
     drafter into the server (an admin key is required). distributed: the run may run under ``torchrun``.
     version_prefix: pushed versions are ``<prefix>-<run dir name>-step<N>`` (default: ``name``). flags: config
     field -> CLI flag for fields whose flag is not ``--field-name``. hidden: config fields with no CLI option.
+    adapt: ``adapt(context: AdaptContext, config) -> AdaptStep`` when the algorithm can learn from served traffic
+    (``specopd adapt --algorithm <name>``), else None; the step runs forward and backward on the current traffic and
+    raises :class:`NothingToTrain` while there is nothing to train on.
     """
 
     name: str
@@ -114,6 +143,7 @@ class Algorithm:
     version_prefix: str = ""
     flags: Mapping[str, str] = field(default_factory=dict)
     hidden: Tuple[str, ...] = ()
+    adapt: Optional[Callable[[AdaptContext, Any], AdaptStep]] = None
 
     def __post_init__(self):
         fields = self.config.model_fields
@@ -177,6 +207,22 @@ def lazy_run(target: str) -> Callable[[TrainContext, Any], RunReport]:
 
     run.__qualname__ = run.__name__ = f"lazy_run({target})"
     return run
+
+
+def lazy_adapt(target: str) -> Callable[[AdaptContext, Any], AdaptStep]:
+    """An adapt-step factory that imports ``"package.module:function"`` on its first call (see :func:`lazy_run`)."""
+    module, _, attr = target.partition(":")
+
+    def adapt(ctx: AdaptContext, cfg: Any) -> AdaptStep:
+        return getattr(importlib.import_module(module), attr)(ctx, cfg)
+
+    adapt.__qualname__ = adapt.__name__ = f"lazy_adapt({target})"
+    return adapt
+
+
+def adaptive() -> List[str]:
+    """Names of the registered algorithms that can learn from served traffic (``Algorithm.adapt`` set)."""
+    return [a.name for a in algorithms() if a.adapt is not None]
 
 
 def register(algorithm: Algorithm) -> Algorithm:

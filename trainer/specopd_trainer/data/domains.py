@@ -1,4 +1,4 @@
-"""Prompt loaders for the four benchmark domains, from pinned PyPI wheels read offline (see ``wheels.py``).
+"""Prompt loaders for the four benchmark domains (and the two shifted-traffic domains of :mod:`.domains_shift`), from pinned PyPI wheels read offline (see ``wheels.py``).
 
 * dialogue: flexeval 0.18.3 MT-Bench ``mt-en.jsonl`` (80) + ``vicuna-en.jsonl`` (80); first turn as the user
   message.
@@ -21,6 +21,7 @@ import gzip
 import json
 from typing import Callable, Optional
 
+from specopd_trainer.data.domains_shift import load_japanese, load_wordsort
 from specopd_trainer.data.gsm_symbolic import gsm_symbolic_questions
 from specopd_trainer.data.records import (
     DataSourceError,
@@ -144,6 +145,9 @@ DOMAINS: dict[str, Callable[..., list[PromptRecord]]] = {
     "coding": load_coding,
     "math": load_math,
     "agentic": load_agentic,
+    # shifted traffic: domains the shipped reference drafter never saw (:mod:`.domains_shift`)
+    "japanese": load_japanese,
+    "wordsort": load_wordsort,
 }
 
 

@@ -2,7 +2,7 @@
 
 A record is held out iff the hash of its id falls below its domain's eval fraction (:func:`records.split`):
 10% by default, 16% for dialogue, whose wheels ship only 158 distinct prompts, so that its held-out set reaches
-the 24 prompts per domain that acceptance claims need (27 held out). Raising a fraction only moves records from
+the 24 prompts per domain that acceptance claims need (27 held out), and 16% for japanese (200 prompts). Raising a fraction only moves records from
 train to held-out, never back: a prompt held out before stays held out.
 """
 
@@ -15,11 +15,11 @@ from specopd_trainer.data.records import PromptRecord, split
 
 EVAL_SEED = 0
 DEFAULT_EVAL_FRACTION = 0.1
-EVAL_FRACTIONS = {"dialogue": 0.16}
+EVAL_FRACTIONS = {"dialogue": 0.16, "japanese": 0.16}
 
 
 def eval_fraction(domain: str) -> float:
-    """The held-out fraction of ``domain`` (0.16 for dialogue, 0.1 otherwise)."""
+    """The held-out fraction of ``domain`` (0.16 for dialogue and japanese, 0.1 otherwise)."""
     return EVAL_FRACTIONS.get(domain, DEFAULT_EVAL_FRACTION)
 
 

@@ -12,7 +12,7 @@ Paper code: bingyang-lei/Draft-OPD. Modules: :mod:`.config`, :mod:`.rollouts` (s
 from __future__ import annotations
 
 from specopd_trainer.algorithms.draft_opd.config import DraftOPDConfig
-from specopd_trainer.algorithms.registry import Algorithm, lazy_run, register
+from specopd_trainer.algorithms.registry import Algorithm, lazy_adapt, lazy_run, register
 
 ALGORITHM = register(Algorithm(
     name="draft-opd",
@@ -30,6 +30,7 @@ ALGORITHM = register(Algorithm(
     distributed=False,
     version_prefix="draftopd",
     flags={"warmup_steps": "--warmup"},
+    adapt=lazy_adapt("specopd_trainer.algorithms.draft_opd.adapt:make_step"),
 ))
 
 __all__ = ["ALGORITHM", "DraftOPDConfig"]

@@ -5,7 +5,7 @@ Modules: :mod:`.config` (:class:`SFTConfig`), :mod:`.loop` (:func:`train_sft`), 
 
 from __future__ import annotations
 
-from specopd_trainer.algorithms.registry import Algorithm, lazy_run, register
+from specopd_trainer.algorithms.registry import Algorithm, lazy_adapt, lazy_run, register
 from specopd_trainer.algorithms.sft.config import SFTConfig
 
 
@@ -20,6 +20,7 @@ ALGORITHM = register(Algorithm(
     recipe={},  # SFT runs on its config defaults
     data="sequences",
     flags={"anchors_per_seq": "--anchors", "warmup_steps": "--warmup"},
+    adapt=lazy_adapt("specopd_trainer.algorithms.sft.adapt:make_step"),
 ))
 
 __all__ = ["ALGORITHM", "SFTConfig"]

@@ -25,7 +25,7 @@ Modules, in import order: :mod:`.config` (:class:`SpecOPDConfig`), :mod:`.sampli
 
 from __future__ import annotations
 
-from specopd_trainer.algorithms.registry import Algorithm, lazy_run, register
+from specopd_trainer.algorithms.registry import Algorithm, lazy_adapt, lazy_run, register
 from specopd_trainer.algorithms.specopd.config import SpecOPDConfig
 
 # The validated setting (README "Using it"; benchmarks/results/specopd_sweep_is_smollm2_cpu.json, the main job):
@@ -57,6 +57,7 @@ ALGORITHM = register(Algorithm(
     recipe=RECIPE,
     data="sequences",
     flags={"anchors_per_seq": "--anchors", "root_anchors_per_seq": "--root-anchors", "warmup_steps": "--warmup"},
+    adapt=lazy_adapt("specopd_trainer.algorithms.specopd.adapt:make_step"),
 ))
 
 __all__ = ["ALGORITHM", "RECIPE", "SpecOPDConfig"]

@@ -1,0 +1,335 @@
+"""``specopd adapt`` against a fake server: the spool reader (bad items counted and skipped, held-out by seq), the
+byte-bounded persistent buffers, served features with prefix fills, the deploy guard (hand-checkable cases; a worse
+candidate is never deployed), and the loop (learns, pushes, rolls back, resumes exactly after a stop)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from _sft_fixture import tiny_drafter
+
+D = 32  # the tiny drafter's context-feature width (1 target layer x hidden 32)
+
+
+def _seq_ids(seed: int, length: int):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, 97, (length,), generator=g)
+    ids[1::2] = ids[0::2] % 50 + 4  # learnable: every odd token follows the even one before it
+    return ids.tolist()
+
+
+def _run_ids(seed: int, length: int, prompt_len: int = 8):
+    """A random prompt, then a response of runs of 8 equal tokens: a drafter that learns to repeat its anchor
+    token accepts most of a block; the random-init tiny drafter accepts almost nothing."""
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(4, 97, (prompt_len,), generator=g).tolist()
+    runs = torch.randint(4, 97, ((length - prompt_len) // 8 + 1,), generator=g).tolist()
+    return prompt + [t for t in runs for _ in range(8)][:length - prompt_len]
+
+
+def _features(ids, layer=0):
+    """Deterministic per-prefix features: row p depends only on ids[:p+1] (as a causal target's would)."""
+    rows = []
+    acc = torch.zeros(D)
+    for t in ids:
+        g = torch.Generator().manual_seed(int(t) * 7919 + layer)
+        acc = 0.5 * acc + torch.randn(D, generator=g)
+        rows.append(acc.clone())
+    return torch.stack(rows)
+
+
+class FakeSpool:
+    """Stands in for SpecOPDClient's traffic / features / score_trees / version routes."""
+
+    def __init__(self, items=(), spool_id="spool-a", prefix=0):
+        self.spool_id, self.items, self.prefix = spool_id, list(items), prefix
+        self.pages, self.feature_calls, self.score_calls, self.version = 0, 0, 0, "initial"
+
+    def add(self, seq, ids, prompt_len, trace=None, features=True, **extra):
+        item = {"seq": seq, "input_ids": ids, "prompt_len": prompt_len, "finished_at": 1.0,
+                "trace": trace if trace is not None else [{"anchor": prompt_len - 1, "proposed": [5, 6, 7],
+                                                           "accepted": 1, "drafter_version": self.version}]}
+        if features:
+            item["features"] = {"start": self.prefix, "rows": len(ids) - 1 - self.prefix}
+        item.update(extra)
+        self.items.append(item)
+        return item
+
+    def traffic_page(self, after, spool_id, max_items):
+        self.pages += 1
+        if spool_id is not None and spool_id != self.spool_id:
+            after = 0
+        todo = [it for it in self.items if it.get("seq", 0) > after][:max_items]
+        nxt = max([after] + [it["seq"] for it in todo if isinstance(it.get("seq"), int)])
+        newest = max([0] + [it["seq"] for it in self.items if isinstance(it.get("seq"), int)])
+        return {"spool_id": self.spool_id, "items": todo, "next_after": nxt, "missed": 0,
+                "stats": {"newest_seq": newest}}
+
+    def traffic_features(self, seqs, spool_id):
+        self.feature_calls += 1
+        out = {}
+        for it in self.items:
+            if it["seq"] in seqs and it.get("features"):
+                s = it["features"]["start"]
+                out[it["seq"]] = (s, _features(it["input_ids"])[s:len(it["input_ids"]) - 1].to(torch.bfloat16))
+        return out, [s for s in seqs if s not in out]
+
+    def score_trees(self, req):
+        self.score_calls += 1
+        return [SimpleNamespace(features=_features(list(r.input_ids))) for r in req.references]
+
+
+# ---- reader ---------------------------------------------------------------------------------------------------------
+
+def test_reader_counts_and_skips_bad_items_and_holds_out_every_kth_seq():
+    from specopd_trainer.adapt.reader import Cursor, ReaderCounts, TrafficReader
+
+    sp = FakeSpool()
+    for seq in range(1, 9):
+        sp.add(seq, _seq_ids(seq, 20), 6)
+    sp.items[1]["prompt_len"] = 40  # truncated: the prompt is longer than the ids
+    sp.items[2].pop("trace")  # malformed: a key is missing
+    sp.items[3]["input_ids"][5] = 5000  # outside the vocabulary
+    sp.items[4]["trace"][0]["anchor"] = 99  # a record outside the sequence
+    counts = ReaderCounts()
+    reader = TrafficReader(sp, Cursor(), counts, holdout_every=4, vocab_size=97, max_items=64)
+    got = reader.read()
+    assert [it.seq for it in got] == [1, 6, 7, 8]
+    assert [it.held_out for it in got] == [False, False, False, True]  # seq 8 % 4 == 0 (seq 4 was bad)
+    assert counts.bad_items == {"truncated": 1, "malformed": 1, "token_out_of_vocab": 1, "trace_out_of_range": 1}
+    assert counts.items == 4 and counts.held_out == 1 and reader.cursor.after == 8
+    assert reader.read() == []  # the cursor moved on: nothing is read twice
+    sp.add(9, _seq_ids(9, 20), 6)
+    assert [it.seq for it in reader.read()] == [9]
+    sp.spool_id = "spool-b"  # the server restarted: its spool starts again
+    assert [it.key for it in reader.read()][:1] == ["spool-b:1"] and counts.spool_restarts == 1
+
+
+def test_reader_counts_a_malformed_page_without_moving():
+    from specopd_trainer.adapt.reader import Cursor, ReaderCounts, TrafficReader
+
+    class BadPage(FakeSpool):
+        def traffic_page(self, *a):
+            return {"items": "not a list"}
+
+    counts = ReaderCounts()
+    reader = TrafficReader(BadPage(), Cursor(spool_id="x", after=3), counts, holdout_every=2, vocab_size=97)
+    assert reader.read() == [] and counts.bad_pages == 1 and reader.cursor.after == 3
+
+
+# ---- buffer ---------------------------------------------------------------------------------------------------------
+
+def _tseq(key, n=24, served_by=("v",)):
+    from specopd_trainer.adapt.buffer import TrafficSequence
+
+    ids = _seq_ids(hash(key) % 1000, n)
+    return TrafficSequence(id=key, domain="traffic", token_ids=torch.tensor(ids), features=_features(ids).bfloat16(),
+                           prompt_len=6, records=({"anchor": 5, "proposed": [1, 2, 3], "accepted": 0,
+                                                   "drafter_version": "v"},), served_by=served_by)
+
+
+def test_buffer_caps_bytes_persists_and_never_holds_a_key_twice(tmp_path):
+    from specopd_trainer.adapt.buffer import TrafficBuffer
+
+    one = _tseq("s:1").nbytes
+    assert one == 24 * 4 + 24 * D * 2
+    buf = TrafficBuffer(tmp_path / "b", max_bytes=3 * one)
+    assert buf.add([_tseq("s:1"), _tseq("s:2")]) == 2
+    assert buf.add([_tseq("s:2"), _tseq("s:3")]) == 1 and buf.counts["duplicates"] == 1
+    assert buf.add([_tseq("s:4")]) == 1  # 4 sequences > 3: the oldest shard (s:1, s:2) goes
+    assert [s.id for s in buf.sequences] == ["s:3", "s:4"] and buf.counts["evicted"] == 2
+    assert buf.nbytes <= 3 * one
+    again = TrafficBuffer(tmp_path / "b", max_bytes=3 * one)
+    assert [s.id for s in again.sequences] == ["s:3", "s:4"]
+    assert torch.equal(again.sequences[0].token_ids, buf.sequences[0].token_ids)
+    assert again.sequences[0].records == buf.sequences[0].records and again.counts["evicted"] == 2
+
+
+def test_buffer_ignores_a_shard_written_after_the_last_index(tmp_path):
+    from specopd_trainer.adapt.buffer import TrafficBuffer
+
+    buf = TrafficBuffer(tmp_path / "b", max_bytes=10**7)
+    buf.add([_tseq("s:1")])
+    index = (tmp_path / "b" / "index.json").read_bytes()
+    buf.add([_tseq("s:2")])
+    (tmp_path / "b" / "index.json").write_bytes(index)  # killed between the shard and the index write
+    again = TrafficBuffer(tmp_path / "b", max_bytes=10**7)
+    assert [s.id for s in again.sequences] == ["s:1"]
+    assert sorted(p.name for p in (tmp_path / "b").glob("shard-*")) == ["shard-0000000.safetensors"]
+    assert again.add([_tseq("s:2")]) == 1  # read again after the resume: added once
+
+
+# ---- features -------------------------------------------------------------------------------------------------------
+
+def test_served_features_fill_the_cached_prefix_once_and_fall_back_to_scoring():
+    """Item 1's cached prefix is scored once; item 2 shares it and copies item 1's rows; item 3 is scored whole."""
+    from specopd_trainer.adapt.features import FeatureSource
+    from specopd_trainer.adapt.reader import Cursor, ReaderCounts, TrafficReader
+
+    sp = FakeSpool(prefix=5)  # a radix-cached 5-token system prompt: rows 0..4 were not recomputed
+    shared = [9, 9, 8, 7, 6]
+    sp.add(1, shared + _seq_ids(1, 20)[5:], 8)
+    sp.add(2, shared + _seq_ids(2, 16)[5:], 8)
+    sp.add(3, _seq_ids(3, 12), 6, features=False)  # no captured rows (e.g. evicted): second pass
+    items = TrafficReader(sp, Cursor(), ReaderCounts(), holdout_every=100, vocab_size=97).read()
+    src = FeatureSource(sp, [1])
+    feats = src.features(items)
+    for it in items:
+        want = _features(it.input_ids)
+        got = feats[it.key].float()
+        assert got.shape == (len(it.input_ids), D)
+        assert torch.allclose(got[:-1], want[:-1].bfloat16().float())  # captured + prefix rows, bf16
+        if it.features is not None:
+            assert torch.equal(got[-1], got[-2])  # the never-computed last row is padded, never read
+    assert src.counts == {"served": 2, "scored": 1, "prefix_copies": 1, "prefix_calls": 1, "served_tokens": 36,
+                          "scored_tokens": 12, "prefix_tokens": 5}
+    assert sp.score_calls == 2  # one prefix fill (the second item copies the first's rows) + one second pass
+
+
+# ---- guard ----------------------------------------------------------------------------------------------------------
+
+def _rows(taus):
+    return [{"id": f"r{i}", "domain": "traffic", "completion_tokens": int(round(t * 10)), "verify_steps": 10}
+            for i, t in enumerate(taus)]
+
+
+def test_guard_deploys_only_a_candidate_better_beyond_the_noise():
+    from specopd_trainer.adapt.guard import compare, pooled_tau, worse
+
+    dep = _rows([1.0, 1.2, 1.4, 1.1, 1.3, 1.0, 1.2, 1.5])
+    better = _rows([t + 0.3 for t in [1.0, 1.2, 1.4, 1.1, 1.3, 1.0, 1.2, 1.5]])
+    v = compare(better, dep)
+    assert v.deploy and v.diff == pytest.approx(0.3) and v.ci95[0] == pytest.approx(0.3) and v.requests == 8
+    assert pooled_tau(dep) == pytest.approx(9.7 / 8)
+    worse_c = _rows([t - 0.2 for t in [1.0, 1.2, 1.4, 1.1, 1.3, 1.0, 1.2, 1.5]])
+    v = compare(worse_c, dep)
+    assert not v.deploy and worse(v) and v.diff == pytest.approx(-0.2)
+    assert not compare(dep, dep).deploy  # equal: interval [0, 0]
+    mixed = _rows([1.3, 1.0, 1.7, 1.0, 1.6, 0.9, 1.5, 1.3])  # mean +0.1, but half the requests got worse
+    v = compare(mixed, dep)
+    assert not v.deploy and v.ci95[0] < 0 < v.ci95[1]
+    assert compare(mixed, dep, rule="mean").deploy  # the mean rule would take it
+    with pytest.raises(ValueError):
+        compare(mixed, dep, rule="vote")
+
+
+# ---- the loop -------------------------------------------------------------------------------------------------------
+
+class Pushes:
+    def __init__(self, spool):
+        self.spool, self.versions = spool, []
+
+    def __call__(self, drafter, version):
+        self.versions.append(version)
+        self.spool.version = version
+
+
+def _spool_with_traffic(n=48, length=40):
+    sp = FakeSpool()
+    for seq in range(1, n + 1):
+        sp.add(seq, _run_ids(seq, length), 8)
+    return sp
+
+
+def _adapter(sp, pushes, run_dir, **overrides):
+    from specopd_trainer.adapt.config import AdaptConfig
+    from specopd_trainer.adapt.loop import Adapter
+
+    cfg = AdaptConfig(**{"min_holdout": 6, "holdout_every": 4, "eval_every": 40, "min_train_tokens": 64,
+                         "lr": 1e-2, "warmup_steps": 2, "poll_s": 0.01, "ckpt_every": 10, "max_steps": 200,
+                         "algorithm_options": {"seqs_per_step": 4, "anchors_per_seq": 8}, **overrides})
+    return Adapter(sp, tiny_drafter(seed=0), run_dir, cfg, push=pushes, serving_version=lambda: sp.version,
+                   progress=False, sleep=lambda s: None)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """An adapter run of 200 steps on learnable traffic (shared: the tests below copy it before changing it)."""
+    sp = _spool_with_traffic()
+    pushes = Pushes(sp)
+    ad = _adapter(sp, pushes, tmp_path_factory.mktemp("adapt") / "run")
+    start = copy.deepcopy(ad.drafter.state_dict())
+    return ad, ad.run(), pushes, start
+
+
+def _copy(trained):
+    """A copy of the trained adapter to change (its status printer, which holds stderr, is shared)."""
+    ad = copy.deepcopy(trained[0], memo={id(trained[0].status): trained[0].status})
+    pushes = Pushes(ad.client)
+    ad.push_fn = pushes
+    return ad, pushes
+
+
+def test_adapter_learns_the_traffic_and_pushes_a_better_candidate(trained):
+    ad, out, pushes, start = trained
+    sp = ad.client
+    assert out["stopped_by"] == "max_steps" and out["step"] == 200
+    assert out["holdout_items"] == 12 and out["train_items"] == 36  # every 4th of 48 held out, never trained on
+    cands = [v for v in out["verdicts"] if v["kind"] == "candidate"]
+    assert len(cands) == 5 and cands[0]["requests"] == 12
+    assert out["pushes"] >= 1 and pushes.versions[0] == "adapt-run-1" and sp.version == out["deployed_version"]
+    first = next(v for v in cands if v["deploy"])
+    assert first["candidate_tau"] > first["deployed_tau"] and first["ci95"][0] > 0
+    assert out["deployed"][0]["version"] == "initial" and out["deployed"][1]["why"].startswith("candidate interval")
+    assert not torch.equal(ad.deployed.state_dict()["fc.weight"], start["fc.weight"])
+    rows = [json.loads(x) for x in (ad.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows and rows[-1]["step"] <= 200
+
+
+def test_the_guard_never_deploys_a_worse_candidate(trained):
+    ad, pushes = _copy(trained)
+    with torch.no_grad():  # a broken candidate: the deployed (trained) drafter plus large noise
+        g = torch.Generator().manual_seed(3)
+        for name, p in ad.drafter.named_parameters():
+            p.copy_(ad.deployed.get_parameter(name) + torch.randn(p.shape, generator=g) * 3)
+    verdict = ad.judge()
+    assert verdict["deploy"] is False and verdict["diff"] < 0 and verdict["ci95"][1] < 0
+    assert pushes.versions == [] and ad.client.version == ad.state.deployed_version
+
+
+def test_rollback_when_the_deployed_drafter_measures_worse_than_the_one_before(trained):
+    ad, pushes = _copy(trained)
+    good = copy.deepcopy(ad.deployed.state_dict())
+    with torch.no_grad():  # pretend a bad drafter was deployed after the good one
+        g = torch.Generator().manual_seed(5)
+        for p in ad.deployed.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 3)
+    ad.previous = good
+    ad.state.deployed.append({"version": "bad", "step": 200, "t_s": 0.0, "why": "test"})
+    ad.drafter.load_state_dict(ad.deployed.state_dict())  # the candidate is no better than the deployed one
+    ad._dep_cache.clear()
+    ad.judge()
+    previous_version = ad.state.deployed[-3]["version"]
+    assert ad.state.rollbacks == trained[1]["rollbacks"] + 1
+    assert pushes.versions == [f"{previous_version}-rollback"] and ad.client.version == pushes.versions[0]
+    assert torch.equal(ad.deployed.state_dict()["fc.weight"], good["fc.weight"])
+    assert torch.equal(ad.drafter.state_dict()["fc.weight"], good["fc.weight"])  # the candidate restarts from it
+
+
+def test_adapter_resumes_where_it_stopped(tmp_path):
+    sp = _spool_with_traffic(n=24)
+    pushes = Pushes(sp)
+    first = _adapter(sp, pushes, tmp_path / "run", max_steps=12)
+    out1 = first.run()
+    weights = copy.deepcopy(first.drafter.state_dict())
+    for seq in range(25, 33):
+        sp.add(seq, _run_ids(seq, 40), 8)
+    second = _adapter(sp, pushes, tmp_path / "run", max_steps=20)
+    assert second.state.step == 12 and second.state.cursor.after == 24
+    assert all(torch.equal(weights[k], v) for k, v in second.drafter.state_dict().items())
+    assert len(second.train_buf) == out1["train_items"] == 18
+    out2 = second.run()
+    assert out2["step"] == 20 and out2["train_items"] == 24 and out2["reader"]["items"] == 32
+    assert second.train_buf.counts["duplicates"] == 0
+
+
+def test_adapter_refuses_an_algorithm_without_an_adapt_step(tmp_path):
+    from specopd_trainer.adapt.loop import AdaptError
+
+    with pytest.raises(AdaptError, match="cannot learn from traffic"):
+        _adapter(FakeSpool(), Pushes(FakeSpool()), tmp_path / "r", algorithm="sequential-opd")

@@ -1,0 +1,53 @@
+"""``specopd adapt`` settings (strict pydantic, frozen; no torch import so the CLI can list them cheaply)."""
+
+from __future__ import annotations
+
+from typing import Dict, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class AdaptConfig(BaseModel):
+    """Settings of one adaptation run. Every field is a ``specopd adapt`` option (``--field-name``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    algorithm: str = Field(default="sft", description="registered training algorithm the candidate learns with "
+                                                      "(one with an adapt step: sft, specopd, draft-opd)")
+    algorithm_options: Dict[str, object] = Field(
+        default_factory=dict, description="overrides of that algorithm's config fields (CLI: --set key=value)")
+    holdout_every: int = Field(default=4, ge=2, description="every k-th served request (spool seq divisible by k) is "
+                                                            "held out: never trained on, used to judge candidates")
+    min_holdout: int = Field(default=12, ge=2, description="held-out requests needed before a candidate is judged")
+    holdout_window: int = Field(default=48, ge=2, description="judge on the newest N held-out requests")
+    min_train_tokens: int = Field(default=256, ge=1, description="served response tokens in the training buffer "
+                                                                 "before training starts")
+    eval_every: int = Field(default=50, ge=1, description="judge the candidate every N optimiser steps")
+    deploy_rule: Literal["ci", "mean"] = Field(
+        default="ci", description="ci: push only when the paired 95% interval of (candidate - deployed) held-out "
+                                  "tau lies above min_gain; mean: when the mean difference does")
+    min_gain: float = Field(default=0.0, ge=0, description="the tau gain (tokens per verify) the rule must clear")
+    rollback: bool = Field(default=True, description="push the previous drafter back when the deployed one measures "
+                                                     "worse than it on the held-out slice (interval below 0)")
+    lr: float = Field(default=3e-4, gt=0, description="AdamW learning rate (after a linear warmup)")
+    warmup_steps: int = Field(default=10, ge=0, description="linear LR warmup steps")
+    weight_decay: float = Field(default=0.0, ge=0)
+    grad_clip: float = Field(default=1.0, gt=0)
+    train_buffer_mb: float = Field(default=256.0, gt=0, description="MiB of training traffic (ids + features) kept "
+                                                                    "in memory and on disk; oldest dropped")
+    holdout_buffer_mb: float = Field(default=64.0, gt=0, description="MiB of held-out traffic kept (oldest dropped)")
+    max_staleness: int = Field(default=2, ge=0, description="Draft-OPD: replay only records served by the deployed "
+                                                            "drafter or the N before it")
+    read_items: int = Field(default=64, ge=1, le=4096, description="spool items per read")
+    poll_s: float = Field(default=2.0, gt=0, description="wait between reads when the spool has nothing new")
+    features: Literal["auto", "served", "score"] = Field(
+        default="auto", description="context features: served (captured while serving; refuse a server that "
+                                    "does not capture), score (score_trees second pass), auto (served when the "
+                                    "server captures, else score)")
+    max_item_tokens: int = Field(default=4096, ge=8, description="skip (count) served requests longer than this")
+    ckpt_every: int = Field(default=50, ge=1, description="atomic checkpoint every N steps (and at every stop)")
+    max_minutes: Optional[float] = Field(default=None, gt=0, description="stop after this many minutes of this "
+                                                                          "process (default: run until stopped)")
+    max_steps: Optional[int] = Field(default=None, ge=1, description="stop at this optimiser step (resumes count)")
+    seed: int = 0
+    log_every_s: float = Field(default=10.0, gt=0, description="progress line / metrics row period in seconds")

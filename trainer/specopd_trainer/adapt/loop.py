@@ -1,0 +1,324 @@
+"""The ``specopd adapt`` loop: read served traffic, train a candidate, deploy it only when it measures better.
+
+One iteration: read one spool page (:mod:`.reader`; again at once while a backlog is waiting), give the new items
+their context features (:mod:`.features`), put them in the training or held-out buffer (:mod:`.buffer`); once the
+training buffer holds ``min_train_tokens`` response tokens, one optimiser step of the algorithm's adapt step (AdamW,
+linear warmup then constant LR, gradient clip); every ``eval_every`` steps the guard (:mod:`.guard`) compares the
+candidate with the deployed drafter on the newest ``holdout_window`` held-out requests and pushes it when the rule
+says so, or, when the deployed drafter measures worse than the one before it, rolls back to that one (the candidate
+restarts from it). A step whose loss is not finite restores the candidate to the deployed weights
+(``candidate_resets``). Checkpoints: every ``ckpt_every`` steps and at every stop (:mod:`.state`). Stops on
+SIGINT / SIGTERM (after the current step), ``max_steps`` or ``max_minutes``.
+
+The server keeps serving throughout: reads and pushes are admin ops run between batches, and every target forward
+the adapter asks for (second-pass features, prefix rows, SpecOPD / Draft-OPD scoring) goes through the score
+queue's per-iteration budget (``score_trees_budget_tokens``).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import signal
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+from specopd_trainer.adapt.buffer import TrafficBuffer, TrafficSequence
+from specopd_trainer.adapt.config import AdaptConfig
+from specopd_trainer.adapt.features import FeatureSource
+from specopd_trainer.adapt.guard import compare, walk_rows, worse
+from specopd_trainer.adapt.reader import ServedItem, TrafficReader
+from specopd_trainer.adapt.report import StatusPrinter, status_line, summary
+from specopd_trainer.adapt.state import AdaptState
+from specopd_trainer.algorithms.registry import NothingToTrain
+from specopd_trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from specopd_trainer.loops.common import step_generator
+
+PushFn = Callable[[Any, str], Any]  # push(drafter, version): hot-swap into the server (raises on refusal)
+MAX_PAGES_PER_ITERATION = 8
+
+
+class AdaptError(RuntimeError):
+    """The adapter cannot run (unknown algorithm, server without a spool, ...); one line for the user."""
+
+
+class Adapter:
+    """One adaptation run against the server behind ``client`` (admin key), training ``drafter`` in place.
+
+    Args:
+        push: ``push(drafter, version)`` hot-swaps a drafter. serving_version: ``() -> str`` the server's version.
+        run_dir: buffers, checkpoints, ``metrics.jsonl``. progress: print the status line.
+    """
+
+    def __init__(self, client, drafter, run_dir: str | Path, cfg: AdaptConfig, *, push: PushFn,
+                 serving_version: Callable[[], Optional[str]], progress: bool = True, sleep=time.sleep):
+        from specopd_trainer.algorithms import registry
+        from specopd_trainer.algorithms.registry import AdaptContext
+
+        alg = registry.get(cfg.algorithm)
+        if alg.adapt is None:
+            raise AdaptError(f"algorithm {cfg.algorithm!r} cannot learn from traffic; choose one of "
+                             f"{', '.join(registry.adaptive())}")
+        self.cfg, self.client, self.drafter, self.push_fn = cfg, client, drafter, push
+        self.run_dir, self.sleep, self._serving_version = Path(run_dir), sleep, serving_version
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.train_buf = TrafficBuffer(self.run_dir / "train", int(cfg.train_buffer_mb * 2**20))
+        self.hold_buf = TrafficBuffer(self.run_dir / "holdout", int(cfg.holdout_buffer_mb * 2**20))
+        self.features = FeatureSource(client, drafter.spec.target_layer_ids, cfg.features)
+        self.params = [p for p in drafter.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+        self.state = AdaptState()
+        self.deployed = copy.deepcopy(drafter)  # the drafter the server serves (weights), for the guard's walks
+        self.previous: Optional[Dict[str, torch.Tensor]] = None  # the one before it (rollback)
+        self._resume()
+        self.features.counts.update({k: int(v) for k, v in self.state.features.items()})
+        self.reader = TrafficReader(client, self.state.cursor, self.state.reader, holdout_every=cfg.holdout_every,
+                                    vocab_size=int(drafter.spec.vocab_size), max_items=cfg.read_items,
+                                    max_item_tokens=cfg.max_item_tokens)
+        self._train_view: List[TrafficSequence] = self.train_buf.sequences
+        ctx = AdaptContext(drafter=drafter, client=client, train=_View(self), fresh_versions=self.fresh_versions)
+        self.step_fn = alg.adapt(ctx, alg.make_config(**cfg.algorithm_options))
+        self._dep_cache: Dict[str, dict] = {}
+        self._stop: Optional[str] = None
+        self._loss: Optional[float] = None
+        self.status = StatusPrinter(cfg.log_every_s, enabled=progress)
+
+    # ---- state -------------------------------------------------------------------------------------------------
+    def _resume(self) -> None:
+        ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is None:
+            version = self._serving_version() or "initial"
+            self.state.deployed.append({"version": version, "step": 0, "t_s": 0.0, "why": "serving at start"})
+            return
+        saved = load_checkpoint(ckpt)
+        self.drafter.load_state_dict(saved["drafter"])
+        self.opt.load_state_dict(saved["optimizer"])
+        self.deployed.load_state_dict(saved["deployed"])
+        self.previous = saved.get("previous")
+        self.state = AdaptState.from_dict(saved["state"])
+        serving = self._serving_version()
+        if serving != self.state.deployed_version:  # the server restarted (or someone swapped): serve ours again
+            self._push(self.deployed, f"{self.state.deployed_version}-restored",
+                       f"restored: the server served {serving!r}")
+
+    def checkpoint(self) -> None:
+        """Atomic checkpoint of the candidate, optimiser, deployed and previous weights and the state."""
+        self.state.features = dict(self.features.counts)
+        save_checkpoint(self.run_dir, self.state.step, {
+            "drafter": self.drafter.state_dict(), "optimizer": self.opt.state_dict(),
+            "deployed": self.deployed.state_dict(), "previous": self.previous, "state": self.state.as_dict(),
+            "config": self.cfg.model_dump()})
+
+    def fresh_versions(self) -> set:
+        """The deployed version and the ``max_staleness`` before it (records they served are replayable)."""
+        versions = [d["version"] for d in self.state.deployed]
+        return set(versions[-(self.cfg.max_staleness + 1):])
+
+    # ---- traffic -----------------------------------------------------------------------------------------------
+    def ingest(self) -> int:
+        """Read what the spool holds after the cursor (up to a few pages); returns how many items were added."""
+        added = 0
+        for _ in range(MAX_PAGES_PER_ITERATION):
+            items = self.reader.read()
+            if items:
+                added += self._add(items)
+            if not self.reader.backlog:
+                break
+        return added
+
+    def _add(self, items: List[ServedItem]) -> int:
+        known = self.train_buf.keys() | self.hold_buf.keys()
+        items = [it for it in items if it.key not in known]
+        if not items:
+            return 0
+        feats = self.features.features(items)
+        train, hold = [], []
+        for it in items:
+            seq = TrafficSequence(id=it.key, domain="traffic", token_ids=torch.tensor(it.input_ids, dtype=torch.long),
+                                  features=feats[it.key], prompt_len=it.prompt_len, records=tuple(it.trace),
+                                  served_by=tuple(it.versions))
+            (hold if it.held_out else train).append(seq)
+            self.state.traffic_tokens_seen += len(it.input_ids)
+        self.state.traffic_tokens_trained += sum(len(s.token_ids) - s.prompt_len for s in train)
+        n = self.train_buf.add(train) + self.hold_buf.add(hold)
+        self._train_view = self.train_buf.sequences
+        return n
+
+    # ---- training ----------------------------------------------------------------------------------------------
+    def train_step(self) -> bool:
+        """One optimiser step; False when the algorithm had nothing to train on yet."""
+        cfg = self.cfg
+        lr = cfg.lr * min(1.0, (self.state.step + 1) / max(1, cfg.warmup_steps))
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        self.opt.zero_grad(set_to_none=True)
+        try:
+            loss, metrics = self.step_fn(step_generator(cfg.seed, self.state.step, 0))
+        except NothingToTrain:  # e.g. Draft-OPD without fresh blocks yet: wait for traffic
+            self.opt.zero_grad(set_to_none=True)
+            return False
+        if not math.isfinite(loss):
+            self._reset_candidate("non-finite loss")
+            return True
+        torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+        self.opt.step()
+        self.state.step += 1
+        self.state.trained_tokens += int(metrics.get("supervised_tokens", 0))
+        self._loss = loss
+        return True
+
+    def _reset_candidate(self, why: str) -> None:
+        self.state.note_verdict({"kind": "candidate_reset", "step": self.state.step, "why": why})
+        self.drafter.load_state_dict(self.deployed.state_dict())
+        self.opt = torch.optim.AdamW(self.params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay,
+                                     betas=(0.9, 0.95))
+        self.state.candidate_resets += 1
+
+    # ---- deploy guard ------------------------------------------------------------------------------------------
+    def judge(self) -> Optional[Dict[str, Any]]:
+        """Compare candidate and deployed on the held-out window; push or roll back. The verdict dict, or None when
+        the held-out slice is still smaller than ``min_holdout``."""
+        cfg = self.cfg
+        hold = self.hold_buf.sequences[-cfg.holdout_window:]
+        if len(hold) < cfg.min_holdout:
+            return None
+        dep_rows = walk_rows(self.deployed, hold, self._dep_cache)
+        cand_rows = walk_rows(self.drafter, hold)
+        if not dep_rows or not cand_rows:
+            return None
+        v = compare(cand_rows, dep_rows, rule=cfg.deploy_rule, min_gain=cfg.min_gain, seed=self.state.step)
+        self.state.evaluations += 1
+        out = {**v.as_dict(), "kind": "candidate", "step": self.state.step}
+        self.state.note_verdict(out)
+        if v.deploy:
+            version = f"adapt-{self.run_dir.name}-{self.state.pushes + 1}"
+            if self._push(self.drafter, version, f"candidate {v.reason}"):
+                self.previous = copy.deepcopy(self.deployed.state_dict())
+                self.deployed.load_state_dict(self.drafter.state_dict())
+                self._dep_cache.clear()
+                self.state.pushes += 1
+        elif cfg.rollback and self.previous is not None and len(self.state.deployed) > 1:
+            prev = copy.deepcopy(self.deployed)
+            prev.load_state_dict(self.previous)
+            back = compare(dep_rows, walk_rows(prev, hold), rule="ci", seed=self.state.step)
+            self.state.note_verdict({**back.as_dict(), "kind": "deployed_vs_previous", "step": self.state.step})
+            if worse(back):
+                version = f"{self.state.deployed[-2]['version']}-rollback"
+                if self._push(prev, version, f"rollback: deployed vs previous {back.reason}"):
+                    self.deployed.load_state_dict(self.previous)
+                    self.previous = None
+                    self._dep_cache.clear()
+                    self.state.rollbacks += 1
+                    self._reset_candidate("rollback")
+        return out
+
+    def _push(self, drafter, version: str, why: str) -> bool:
+        try:
+            self.push_fn(drafter, version)
+        except Exception as exc:  # the server refused or is down: keep serving what it serves, count, go on
+            self.state.push_errors += 1
+            self.state.note_verdict({"kind": "push_error", "step": self.state.step, "error": str(exc)[:300]})
+            return False
+        self.state.deployed.append({"version": version, "step": self.state.step,
+                                    "t_s": round(self.state.wall_s, 1), "why": why})
+        return True
+
+    # ---- the loop ----------------------------------------------------------------------------------------------
+    def request_stop(self, why: str) -> None:
+        self._stop = why
+
+    def run(self) -> Dict[str, Any]:
+        """Run until stopped; returns :func:`specopd_trainer.adapt.report.summary`."""
+        cfg = self.cfg
+        handlers = _install_signals(self.request_stop)
+        t0, wall0 = time.monotonic(), self.state.wall_s
+        last_ckpt, last_row = self.state.step, 0.0
+        try:
+            while self._stop is None:
+                self.state.wall_s = wall0 + time.monotonic() - t0
+                if cfg.max_minutes is not None and time.monotonic() - t0 > cfg.max_minutes * 60:
+                    self._stop = "max_minutes"
+                    break
+                if cfg.max_steps is not None and self.state.step >= cfg.max_steps:
+                    self._stop = "max_steps"
+                    break
+                t = time.monotonic()
+                self.ingest()
+                self.state.time("ingest", time.monotonic() - t)
+                ready = self.train_buf.response_tokens() >= cfg.min_train_tokens
+                t = time.monotonic()
+                trained = ready and self.train_step()
+                self.state.time("train", time.monotonic() - t)
+                if not trained:
+                    self._show()
+                    t = time.monotonic()
+                    self.sleep(cfg.poll_s)
+                    self.state.time("wait", time.monotonic() - t)
+                    continue
+                if self.state.step % cfg.eval_every == 0:
+                    t = time.monotonic()
+                    self.judge()
+                    self.state.time("judge", time.monotonic() - t)
+                if self.state.step - last_ckpt >= cfg.ckpt_every:
+                    self.checkpoint()
+                    last_ckpt = self.state.step
+                self._show()
+                if time.monotonic() - last_row >= cfg.log_every_s:
+                    last_row = time.monotonic()
+                    self._metrics_row()
+        finally:
+            _restore_signals(handlers)
+            self.state.wall_s = wall0 + time.monotonic() - t0
+            self.checkpoint()
+            self._show(force=True)
+            self.status.close()
+        return summary(self.state, train_items=len(self.train_buf), holdout_items=len(self.hold_buf),
+                       stopped_by=self._stop or "error", buffers={"train": self.train_buf.counts,
+                                                                  "holdout": self.hold_buf.counts})
+
+    def _show(self, force: bool = False) -> bool:
+        return self.status.show(status_line(self.state, train_items=len(self.train_buf),
+                                            holdout_items=len(self.hold_buf), loss=self._loss), force=force)
+
+    def _metrics_row(self) -> None:
+        import json
+
+        v = self.state.verdicts[-1] if self.state.verdicts else {}
+        row = {"step": self.state.step, "wall_s": round(self.state.wall_s, 2), "loss": self._loss,
+               "traffic_tokens_seen": self.state.traffic_tokens_seen, "pushes": self.state.pushes,
+               "rollbacks": self.state.rollbacks, "train_items": len(self.train_buf),
+               "holdout_items": len(self.hold_buf), "last_verdict": v}
+        with open(self.run_dir / "metrics.jsonl", "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+
+class _View:
+    """The adapter's training traffic as the algorithms see it (a live sequence, refreshed after every ingest)."""
+
+    def __init__(self, adapter: Adapter):
+        self._a = adapter
+
+    def __len__(self) -> int:
+        return len(self._a._train_view)
+
+    def __getitem__(self, i):
+        return self._a._train_view[i]
+
+    def __iter__(self):
+        return iter(self._a._train_view)
+
+
+def _install_signals(stop: Callable[[str], None]):
+    try:
+        return {s: signal.signal(s, lambda signum, frame: stop(signal.Signals(signum).name))
+                for s in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread: the caller stops it with request_stop
+        return {}
+
+
+def _restore_signals(handlers) -> None:
+    for s, h in handlers.items():
+        signal.signal(s, h)

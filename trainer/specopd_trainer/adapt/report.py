@@ -1,0 +1,68 @@
+"""What ``specopd adapt`` prints: one progress line, and the run's summary (also the JSON the loop returns)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Dict, Optional, TextIO
+
+from specopd_trainer.adapt.state import AdaptState
+
+
+def _k(n: float) -> str:
+    return f"{n / 1000:.1f}k" if n >= 1000 else f"{n:.0f}"
+
+
+def status_line(state: AdaptState, *, train_items: int, holdout_items: int, loss: Optional[float]) -> str:
+    """``traffic 12.3k tok seen, 9.1k trained (88 req, 22 held out) | step 340 loss 1.23 | candidate 1.48 vs
+    deployed 1.31 (+0.17 [+0.09, +0.25], 24 req) | 3 pushes, 0 rollbacks | 1 bad item``."""
+    parts = [f"traffic {_k(state.traffic_tokens_seen)} tok seen, {_k(state.traffic_tokens_trained)} trained "
+             f"({train_items} req, {holdout_items} held out)",
+             f"step {state.step}" + (f" loss {loss:.3f}" if loss is not None else "")]
+    v = state.verdicts[-1] if state.verdicts else None
+    if v is not None and v.get("kind") == "candidate":
+        lo, hi = v["ci95"]
+        parts.append(f"candidate {v['candidate_tau']:.3f} vs deployed {v['deployed_tau']:.3f} "
+                     f"({v['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}], {v['requests']} req)")
+    else:
+        parts.append("candidate not judged yet")
+    parts.append(f"{state.pushes} push{'es' if state.pushes != 1 else ''}, {state.rollbacks} rollback"
+                 f"{'s' if state.rollbacks != 1 else ''}")
+    bad = state.reader.bad_total
+    if bad or state.reader.missed:
+        parts.append(f"{bad} bad item{'s' if bad != 1 else ''}, {state.reader.missed} missed")
+    return " | ".join(parts)
+
+
+class StatusPrinter:
+    """Prints :func:`status_line` at most every ``every_s`` seconds: rewritten in place on a terminal, one line per
+    period otherwise (logs)."""
+
+    def __init__(self, every_s: float = 10.0, file: Optional[TextIO] = None, enabled: bool = True):
+        self.every_s, self.file, self.enabled = every_s, file or sys.stderr, enabled
+        self._last = 0.0
+        self._tty = bool(getattr(self.file, "isatty", lambda: False)())
+
+    def show(self, line: str, force: bool = False) -> bool:
+        now = time.monotonic()
+        if not self.enabled or (not force and now - self._last < self.every_s):
+            return False
+        self._last = now
+        if self._tty:
+            self.file.write("\r\x1b[2K" + line[: 400])
+        else:
+            self.file.write(line + "\n")
+        self.file.flush()
+        return True
+
+    def close(self) -> None:
+        if self.enabled and self._tty:
+            self.file.write("\n")
+            self.file.flush()
+
+
+def summary(state: AdaptState, *, train_items: int, holdout_items: int, stopped_by: str,
+            buffers: Dict[str, Any]) -> Dict[str, Any]:
+    """The run's result as JSON-able dict: the state plus buffer counts and why it stopped."""
+    return {**state.as_dict(), "train_items": train_items, "holdout_items": holdout_items, "stopped_by": stopped_by,
+            "buffers": buffers, "deployed_version": state.deployed_version}
