@@ -290,11 +290,12 @@ def test_tree_loss_and_alpha_returns_the_loss_and_its_alpha(name):
 
 
 def test_e2e_tv_backend_dispatch_uses_triton_only_on_cuda(monkeypatch):
-    """``e2e_tv`` picks the Triton kernel for CUDA tensors (faster there, kernels_gpu.json) and the chunked torch
-    path on CPU; ``e2e_tv_fused`` always takes Triton. Checked by recording which backend runs."""
+    """``e2e_tv`` picks the Triton kernel for CUDA tensors once the GPU acceptance run verified it (faster there,
+    kernels_gpu.json; tests/test_verified_kernels.py) and the chunked torch path on CPU; ``e2e_tv_fused`` always
+    takes Triton. Checked by recording which backend runs."""
     import specopd_kernels.losses.chunked as chunked_mod
     import specopd_kernels.losses.fused as fused_mod
-    from specopd_kernels.losses.tree import _fused_is_faster
+    from specopd_kernels.losses.tree import _use_fused_kernel
 
     calls = []
     monkeypatch.setattr(fused_mod, "fused_acceptance_alpha",
@@ -307,8 +308,8 @@ def test_e2e_tv_backend_dispatch_uses_triton_only_on_cuda(monkeypatch):
     tree_alpha(p, q, rd, idx, "e2e_tv")
     tree_alpha(p, q, rd, idx, "e2e_tv_fused")
     assert calls == ["chunked", "fused"]
-    assert _fused_is_faster(p) is False
-    assert _fused_is_faster(torch.empty(1, 1, device="meta")) is False
+    assert _use_fused_kernel(p) is False
+    assert _use_fused_kernel(torch.empty(1, 1, device="meta")) is False
 
 
 def test_e2e_fkl_tree_streams_rows_in_chunks():

@@ -1,5 +1,6 @@
-"""Tree-attention backend dispatch (``specopd_kernels.tree.backends``): torch grouped on CPU, Triton on CUDA when
-triton imports (chosen here on a CPU machine: the choice needs no GPU), the env override and its errors."""
+"""Tree-attention backend dispatch (``specopd_kernels.tree.backends``): torch grouped on CPU, and on CUDA unless a
+GPU record verified a kernel (``specopd_kernels.verified``; chosen here on a CPU machine: the choice needs no GPU),
+the env override and its errors."""
 
 import pytest
 import torch
@@ -12,28 +13,31 @@ from specopd_kernels.tree.backends import ENV_VAR
 
 
 @pytest.fixture(autouse=True)
-def _no_override(monkeypatch):
-    monkeypatch.delenv(ENV_VAR, raising=False)
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+def _no_override(monkeypatch, tmp_path):
+    from specopd_kernels import verified
+
+    for name in (ENV_VAR, "TRITON_INTERPRET", verified.GLOBAL_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(verified, "RECORDS_FILE", tmp_path / "none.json")  # no GPU record: nothing is verified
 
 
 def test_defaults_per_device(monkeypatch):
     assert tree_attention_backend_name("cpu") == "torch"
     assert get_tree_attention(torch.device("cpu")) is tree_attention_grouped
+    assert tree_attention_backend_name("cuda") == "torch"  # no GPU record: the kernel is not the default
+    assert get_tree_attention("cuda") is tree_attention_grouped
+    monkeypatch.setenv("SPECOPD_KERNELS", "triton")  # asked for (the CUDA-wide switch)
     if tri.triton_available():
-        assert tree_attention_backend_name("cuda") == "triton"
         assert get_tree_attention("cuda") is tree_attention_triton
-    monkeypatch.setattr(tri, "triton", None)  # no triton: CUDA falls back to the torch path
-    assert tree_attention_backend_name("cuda") == "torch"
+    assert tree_attention_backend_name("cpu") == "torch"  # the CUDA-wide switch leaves CPU alone
 
 
-def test_registry_marks_the_gpu_path_unverified_and_forward_only():
+def test_registry_marks_the_gpu_paths_unverified_and_forward_only():
     assert set(TREE_ATTENTION_BACKENDS) == {"torch", "triton", "flashinfer"}
     f = TREE_ATTENTION_BACKENDS["flashinfer"]
-    assert (f.verified, f.differentiable) == (False, False)
+    assert (f.verified, f.differentiable, f.kernel) == (False, False, "tree_attention_flashinfer")
     t, g = TREE_ATTENTION_BACKENDS["triton"], TREE_ATTENTION_BACKENDS["torch"]
     assert (t.verified, t.differentiable) == (False, False) and (g.verified, g.differentiable) == (True, True)
-    assert "UNVERIFIED" in tree_attention_triton.__doc__
 
 
 def test_override_and_errors(monkeypatch):

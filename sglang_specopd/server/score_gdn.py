@@ -127,11 +127,11 @@ def gdn_params(layer):
 
 
 def gdn_tree_replay_fn(device):
-    """The replay for tensors on ``device``: plain torch on the CPU; the Triton tree kernel on CUDA
-    (UNVERIFIED ON A GPU, like the Triton tree attention)."""
-    from specopd_kernels.gdn import gdn_tree_replay, gdn_tree_replay_triton
+    """The replay for tensors on ``device`` (:func:`specopd_kernels.gdn.backends.get_gdn_tree_replay`): plain torch
+    on the CPU; on CUDA the Triton tree kernel once the GPU acceptance run verified it, else plain torch."""
+    from specopd_kernels.gdn.backends import get_gdn_tree_replay
 
-    return gdn_tree_replay_triton if device.type == "cuda" else gdn_tree_replay
+    return get_gdn_tree_replay(device)
 
 
 def gdn_tree_layer(layer, call, mixed_qkv, a, b):

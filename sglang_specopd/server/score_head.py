@@ -22,6 +22,8 @@ from typing import Callable, Dict, Iterable, Optional
 
 import torch
 
+from sglang_specopd.server import compat
+
 Gather = Callable[[torch.Tensor], torch.Tensor]  # [R, n] local -> [R, world * n], ranks in order, on every rank
 HEAD_ROW_BLOCK = 64  # rows of logits per local reduction (a block stays in cache while it is reduced)
 
@@ -117,3 +119,28 @@ def head_shard_of(module, weight: torch.Tensor, vocab_size: int, world: int) -> 
         return VocabShard(0, n, n)
     start, end = int(idx.org_vocab_start_index), int(idx.org_vocab_end_index)
     return VocabShard(start, end - start, int(vocab_size), world)
+
+
+@dataclass(frozen=True)
+class ServedHead:
+    """The served LM head as score_trees uses it: this rank's ``weight`` rows, their
+    :class:`~sglang_specopd.server.score_head.VocabShard`, and the ``gather`` over the head's tensor-parallel group
+    (the identity on one rank)."""
+
+    weight: torch.Tensor
+    shard: VocabShard
+    gather: Gather
+
+
+def served_head(model, vocab_size: int) -> ServedHead:
+    """The :class:`ServedHead` of an SGLang causal LM: its ``lm_head`` (else the tied ``embed_tokens``); split over
+    ``tp_size`` ranks, it gathers over SGLang's TP group (the attention-TP group when the head uses that one)."""
+    module = getattr(model, "lm_head", None)
+    if getattr(module, "weight", None) is None:
+        module = model.model.embed_tokens
+    world = int(getattr(module, "tp_size", 1) or 1)
+    gather = identity_gather
+    if world > 1:
+        group = compat.get("get_attn_tp_group" if getattr(module, "use_attn_tp_group", False) else "get_tp_group")()
+        gather = lambda t: group.all_gather(t.contiguous(), dim=-1)  # noqa: E731
+    return ServedHead(module.weight, head_shard_of(module, module.weight, vocab_size, world), gather)

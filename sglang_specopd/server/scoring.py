@@ -29,7 +29,7 @@ group (:mod:`sglang_specopd.server.score_head`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
 from typing import Dict, List, Tuple
 
 import torch
@@ -45,11 +45,14 @@ from sglang_specopd.server.score_gdn import (
     register_gdn_scoring,
 )
 from sglang_specopd.server.qwen4_exp_features import register_qwen4_exp_features
-from sglang_specopd.server.score_head import HEAD_ROW_BLOCK, Gather, VocabShard, identity_gather, head_shard_of
+from sglang_specopd.server.score_head import HEAD_ROW_BLOCK, ServedHead, VocabShard, identity_gather, served_head
 from sglang_specopd.server.score_head import shard_head_outputs
 from sglang_specopd.server.score_qsa import QSATreeSelection, qsa_tree_attention, register_qsa_scoring
 from sglang_specopd.server.tree_call import TREE_CALL, TreeCall, TreeForwardBatch
 from sglang_specopd.wire.protocol import ScoreTreesError, ScoreTreesRequest, validate_request
+
+logger = logging.getLogger("sglang_specopd.server.scoring")
+
 
 def _grow_prefix(grow, layer_id: int, k: torch.Tensor, v: torch.Tensor):
     """Write a prefix chunk's k, v ``[T, Hkv, D]`` at rows ``start..start+T`` of the entry's per-layer buffers
@@ -139,31 +142,6 @@ def lm_head_weight(model) -> torch.Tensor:
     if w is None:
         w = model.model.embed_tokens.weight
     return w
-
-
-@dataclass(frozen=True)
-class ServedHead:
-    """The served LM head as score_trees uses it: this rank's ``weight`` rows, their
-    :class:`~sglang_specopd.server.score_head.VocabShard`, and the ``gather`` over the head's tensor-parallel group
-    (the identity on one rank)."""
-
-    weight: torch.Tensor
-    shard: VocabShard
-    gather: Gather
-
-
-def served_head(model, vocab_size: int) -> ServedHead:
-    """The :class:`ServedHead` of an SGLang causal LM: its ``lm_head`` (else the tied ``embed_tokens``); split over
-    ``tp_size`` ranks, it gathers over SGLang's TP group (the attention-TP group when the head uses that one)."""
-    module = getattr(model, "lm_head", None)
-    if getattr(module, "weight", None) is None:
-        module = model.model.embed_tokens
-    world = int(getattr(module, "tp_size", 1) or 1)
-    gather = identity_gather
-    if world > 1:
-        group = compat.get("get_attn_tp_group" if getattr(module, "use_attn_tp_group", False) else "get_tp_group")()
-        gather = lambda t: group.all_gather(t.contiguous(), dim=-1)  # noqa: E731
-    return ServedHead(module.weight, head_shard_of(module, module.weight, vocab_size, world), gather)
 
 
 def _max_position(ref) -> int:
@@ -307,10 +285,26 @@ def prefix_cache_op(scheduler, payload: bytes):
     return 200, "ok", json.dumps(cache.stats()).encode()
 
 
+def log_kernel_choices(result, self, *args, **kwargs):
+    """AFTER hook for ``Scheduler.init_request_dispatcher`` (once per scheduler, at start): log which backend each
+    kernel op runs on the served device (:func:`specopd_kernels.choices.kernel_choices`: on CUDA a Triton /
+    FlashInfer kernel only when the GPU acceptance run verified it, else torch; ``SPECOPD_KERNELS`` and the
+    per-op variables override). A failure to read the device is logged, never raised."""
+    try:
+        from specopd_kernels.choices import kernel_choices
+
+        device = next(target_model(self).parameters()).device
+        logger.info("specopd kernels (score_trees; e2e_tv is the trainer's): %s", kernel_choices(device))
+    except Exception as exc:  # noqa: BLE001 - a log line must not stop the server
+        logger.warning("specopd kernels: could not report the kernel choice: %s", exc)
+    return result
+
+
 def register_scoring() -> None:
-    """Register the RadixAttention, GDN and QSA overrides (inert unless a tree forward is running) and the prefix
-    cache's invalidation on target weight updates."""
+    """Register the RadixAttention, GDN and QSA overrides (inert unless a tree forward is running), the prefix
+    cache's invalidation on target weight updates and the kernel-choice log line at scheduler start."""
     compat.hook("RadixAttention.forward", tree_attention_override)
+    compat.hook("Scheduler.init_request_dispatcher", log_kernel_choices)
     register_gdn_scoring()
     register_qsa_scoring()
     register_qwen4_exp_features()

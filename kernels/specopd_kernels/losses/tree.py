@@ -55,11 +55,15 @@ def _check(target_rows, draft_logits, row_draft, row_index) -> None:
     _check_index(row_index, target_rows.shape[0], 2, "row_index")
 
 
-def _fused_is_faster(target_rows: torch.Tensor) -> bool:
-    """The Triton alpha kernel beats the chunked torch path on CUDA (see :func:`tree_alpha`)."""
+def _use_fused_kernel(target_rows: torch.Tensor) -> bool:
+    """Whether ``e2e_tv`` takes the Triton alpha kernel for these tensors (:func:`specopd_kernels.verified.choose`
+    for op ``e2e_tv``): on CUDA once the GPU acceptance run verified it for its current source (it beats the
+    chunked torch path there, see :func:`tree_alpha`), or when ``SPECOPD_E2E_TV`` / ``SPECOPD_KERNELS`` asks."""
+    from ..verified import choose
     from .fused import triton_available
 
-    return target_rows.is_cuda and triton_available()
+    return choose("e2e_tv", target_rows.device, {"triton": lambda d: d.type == "cuda" and triton_available()}
+                  ).backend == "triton"
 
 
 def tree_alpha(target_rows: torch.Tensor, draft_logits: torch.Tensor, row_draft: torch.Tensor,
@@ -71,13 +75,13 @@ def tree_alpha(target_rows: torch.Tensor, draft_logits: torch.Tensor, row_draft:
     semi-autoregressive drafters (q conditioned on the row's path). row_draft: int64 ``[R]``,
     the draft row each target row is compared with. row_index: int64 ``[N, G]`` into the R rows. The draft
     softmax runs once per Q row (gathered by ``row_draft``). Backend: ``e2e_tv_fused`` always uses the Triton
-    kernel (CUDA, or TRITON_INTERPRET=1) on the gathered rows; ``e2e_tv`` uses it on CUDA tensors when Triton
-    imports and the row-chunked torch path otherwise. Measured on an H200 (``benchmarks/results/kernels_gpu.json``,
-    4224 rows, V 49k/152k): Triton 2.2-3.9x faster than the plain reference in forward + backward, the chunked
-    path 0.4-0.6x; on CPU the chunked path is the fast one (2.5x). Raises ValueError on bad shapes or indices.
+    kernel (CUDA, or TRITON_INTERPRET=1) on the gathered rows; ``e2e_tv`` uses it on CUDA tensors once the GPU
+    acceptance run verified it (:mod:`specopd_kernels.verified`) and the row-chunked torch path otherwise.
+    Measured on an H200 (``benchmarks/results/kernels_gpu.json``, 4224 rows, V 49k/152k): Triton 2.2-3.9x faster
+    than the plain reference in forward + backward, the chunked path 0.4-0.6x; on CPU the chunked path is the fast one (2.5x). Raises ValueError on bad shapes or indices.
     """
     _check(target_rows, draft_logits, row_draft, row_index)
-    if name == "e2e_tv_fused" or (name == "e2e_tv" and _fused_is_faster(target_rows)):
+    if name == "e2e_tv_fused" or (name == "e2e_tv" and _use_fused_kernel(target_rows)):
         from .fused import fused_acceptance_alpha
 
         alpha_rows = fused_acceptance_alpha(target_rows, draft_logits[row_draft])
@@ -106,7 +110,7 @@ def tree_alpha_reference(target_rows: torch.Tensor, draft_logits: torch.Tensor, 
 
 def tree_e2e_tv(target_rows, draft_logits, row_draft, row_index, with_alpha: bool = True, **_):
     """E2E-TV (SpecOPD) over the tree: 1 - (1/G) sum_j prod_{i<=j} alpha_i per branch, mean; alpha is the loss's own
-    intermediate (no second pass). Backend chosen by :func:`tree_alpha` (Triton on CUDA, chunked torch on CPU)."""
+    intermediate (no second pass). Backend chosen by :func:`tree_alpha` (Triton on CUDA once verified, chunked torch otherwise)."""
     alpha = tree_alpha(target_rows, draft_logits, row_draft, row_index, "e2e_tv")
     return e2e_tv_from_alpha(alpha), (alpha.detach() if with_alpha else None)
 

@@ -4,10 +4,12 @@ step (selection + attention, :func:`qsa_tree_attention`).
 Backends of the attention over a selection, all with the signature of :func:`sparse_attention_torch`
 ``(q, k, v, indices, scale=None, prefix_kv=None) -> out``:
   - ``torch``: :func:`sparse_attention_torch`, gathers each row chunk's keys, exact, differentiable, any device.
-    The default on CPU.
-  - ``triton``: :func:`specopd_kernels.sparse.triton_sparse.sparse_attention_triton`, forward only. The default
-    on CUDA when triton imports. UNVERIFIED ON A GPU (interpreter-tested; ``benchmarks/kernels_gpu.py``).
-The env variable ``SPECOPD_SPARSE_ATTENTION`` = ``torch`` / ``triton`` overrides the choice.
+    The default on CPU, and on CUDA unless the kernel below is verified there.
+  - ``triton``: :func:`specopd_kernels.sparse.triton_sparse.sparse_attention_triton`, forward only. The default on
+    CUDA only once the GPU acceptance run (``benchmarks/kernels_gpu.py``) verified it for its current source
+    (:mod:`specopd_kernels.verified`).
+``SPECOPD_SPARSE_ATTENTION`` = ``torch`` / ``triton`` / ``verified`` (or ``SPECOPD_KERNELS``, CUDA only) overrides
+the choice.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
-from ..tree.backends import choose_backend
+from ..verified import choose
 from ..tree.layout import TreeLayout
 from ..tree.triton_attention import triton_runs_on
 from .indexer import QSAConfig
@@ -69,11 +71,12 @@ SPARSE_ATTENTION_BACKENDS: Dict[str, Tuple[Callable, Callable[[torch.device], bo
 
 
 def sparse_attention_backend_name(device, name: Optional[str] = None) -> str:
-    """The backend :func:`get_sparse_attention` picks for ``device``: ``name`` if given, else the env variable
-    ``SPECOPD_SPARSE_ATTENTION`` if set, else ``triton`` on CUDA when triton imports, else ``torch``.
+    """The backend :func:`get_sparse_attention` picks for ``device`` (:func:`specopd_kernels.verified.choose` for
+    op ``sparse_attention``): ``name`` if given, else ``SPECOPD_SPARSE_ATTENTION``, else (CUDA)
+    ``SPECOPD_KERNELS``, else ``triton`` on CUDA when the GPU acceptance run verified it, else ``torch``.
     Raises ValueError on an unknown name or a backend that cannot run on ``device``."""
-    return choose_backend(device, name, ENV_VAR, {k: b[1] for k, b in SPARSE_ATTENTION_BACKENDS.items()},
-                          "sparse-attention")
+    return choose("sparse_attention", device, {k: b[1] for k, b in SPARSE_ATTENTION_BACKENDS.items()},
+                  name=name).backend
 
 
 def get_sparse_attention(device, name: Optional[str] = None) -> Callable:
