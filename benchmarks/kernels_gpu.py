@@ -1,28 +1,35 @@
-"""Kernel parity and speed on a GPU: fused Triton E2E-TV alpha, tree attention and GDN state replay vs references.
+"""The GPU acceptance run of every kernel: values (and gradients where trained) vs the reference, timed, verified.
 
-Prepared for a short lent GPU session (torch + Triton, no SGLang): copy the repo, run
+One command on a GPU machine (torch + Triton; FlashInfer if it imports; no SGLang), from the repo root:
 
-    python benchmarks/kernels_gpu.py --out benchmarks/results/kernels_gpu.json
+    python benchmarks/kernels_gpu.py --all
 
-(from the repo root; ``specopd_kernels`` is imported from ``kernels/`` in the source tree when it is not
-installed, so only torch and Triton are needed). Per case it checks
-values and gradients against the plain-torch reference and times both (CUDA events, median of ``--repeats``):
-  - ``fused_acceptance_alpha`` vs ``acceptance_alpha`` on [rows, V] logits, V in {49152, 151936}, fp32 / bf16;
-  - proposal-tree alpha (SpecOPD's loss path): row-chunked torch and Triton vs ``tree_alpha_reference``;
-  - tree attention on SpecOPD-shaped trees (full rows and cached-prefix node rows): ``tree_attention_grouped``
-    (torch) and the Triton kernel ``tree_attention_triton`` (UNVERIFIED until this runs on a GPU) vs
-    ``tree_attention_reference`` (dense [T, T] mask, fp32 math; the grouped path where that does not fit),
-    timed against each other and against a dense-mask SDPA;
-  - the SpecOPD tree losses E2E-KL and E2E-KL with accepted-prefix weights (``tree_loss``, rows streamed in
-    chunks) vs the registry loss on the expanded ``[N, G, V]`` branches;
-  - the served draft sampler ``sampled_drafts.sample_block``: empirical token frequencies vs q, greedy rows;
-  - GDN indexed state replay (hybrid targets): torch replay and the Triton tree kernel (UNVERIFIED until this
-    runs on a GPU) vs every node scored as its own sequence (``gdn_tree_naive``) or vs each other, timed;
-  - QSA sparse attention (sparse-linear hybrid targets): the tree selection vs each node decoded as the last token
-    of its branch (``qsa_tree_naive``), torch and Triton (UNVERIFIED until this runs on a GPU) sparse attention
-    over it, timed against each other and the full tree attention of the same row.
-``--device cpu --small`` runs tiny shapes on CPU (Triton under TRITON_INTERPRET=1): the test suite uses it to
-keep this script working. Writes one result file in the shared shape (command, commit, machine, versions).
+(``specopd_kernels`` is imported from ``kernels/`` in the source tree when it is not installed). Sections
+(``--only`` picks some; budget: under 8 minutes on one H200 for the full grid, each section's wall time is
+recorded in ``section_wall_s``), each case checked against the plain-torch reference and timed (CUDA
+synchronised, median of ``--repeats``):
+  - ``alpha``: the fused Triton E2E-TV alpha ``fused_acceptance_alpha`` vs ``acceptance_alpha`` on [rows, V]
+    logits, V in {49152, 151936}, fp32 / bf16, values and gradients;
+  - ``tree_alpha``: proposal-tree alpha (SpecOPD's loss path): row-chunked torch and Triton vs
+    ``tree_alpha_reference``, values and gradients;
+  - ``tree_attention``: tree attention on SpecOPD-shaped trees (full rows and cached-prefix node rows):
+    ``tree_attention_grouped`` (torch), the Triton kernel ``tree_attention_triton`` and FlashInfer's packed custom
+    mask (when flashinfer imports) vs ``tree_attention_reference`` (dense [T, T] mask, fp32 math; the grouped path
+    where that does not fit), timed against each other and a dense-mask SDPA;
+  - ``tree_losses``: the SpecOPD tree losses E2E-KL and E2E-KL-IS (rows streamed in chunks) vs the registry loss
+    on the expanded ``[N, G, V]`` branches, values and gradients;
+  - ``gdn_replay``: GDN indexed state replay (hybrid targets): torch replay and the Triton tree kernel vs every
+    node scored as its own sequence (``gdn_tree_naive``) or vs each other;
+  - ``sparse_attention``: the QSA indexer's tree selection vs each node decoded as the last token of its branch
+    (``qsa_tree_naive``), and torch / Triton sparse attention over it;
+  - ``draft_sampler``: the served draft sampler ``sampled_drafts.sample_block`` (frequencies vs q, greedy rows).
+Then each kernel passes or fails by the tolerances of ``benchmarks/kernels_gpu_checks.py`` (``verification`` in
+the result) and its verified record is written (``--records``, default on CUDA: the package's
+``specopd_kernels/verified_kernels.json``), tied to the kernel's source hash: on CUDA the server and trainer run a
+kernel by default only with a passed record for its current source (:mod:`specopd_kernels.verified`). Commit the
+result file and the records. The result file is never overwritten: an earlier one moves to
+``benchmarks/results/history/``. ``--device cpu --small`` runs tiny shapes on CPU (Triton under
+TRITON_INTERPRET=1): the test suite's smoke run; its records (device ``cpu``) never verify anything.
 """
 
 from __future__ import annotations
@@ -181,7 +188,7 @@ def tree_loss_cases(device: str, small: bool, repeats: int) -> list:
                 d = d0.clone().requires_grad_(True)
                 loss = fn(d)
                 (grad,) = torch.autograd.grad(loss, d)
-                vals[label] = (float(loss), grad)
+                vals[label] = (float(loss.detach()), grad)
 
                 def fwd_bwd(fn=fn):
                     dd = d0.clone().requires_grad_(True)
@@ -433,15 +440,36 @@ def sparse_cases(device: str, small: bool, repeats: int) -> list:
     return out
 
 
+SECTIONS = ("alpha", "tree_alpha", "tree_attention", "tree_losses", "gdn_replay", "sparse_attention",
+            "draft_sampler")
+
+
+def _run_section(name: str, device: str, small: bool, repeats: int):
+    if name == "draft_sampler":
+        return draft_sampler_cases(device, small)
+    fn = {"alpha": alpha_cases, "tree_alpha": tree_alpha_cases, "tree_attention": attention_cases,
+          "tree_losses": tree_loss_cases, "gdn_replay": gdn_cases, "sparse_attention": sparse_cases}[name]
+    return fn(device, small, repeats)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--all", action="store_true", help="every section (the default when --only is not given)")
+    ap.add_argument("--only", default=None, help=f"comma-separated sections out of {', '.join(SECTIONS)}")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke run)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default="benchmarks/results/kernels_gpu.json")
+    ap.add_argument("--records", default=None, help="verified-kernel records file to update (default on CUDA: the "
+                                                    "package's specopd_kernels/verified_kernels.json; on CPU: none)")
     ap.add_argument("--git-commit", default=None,
                     help="commit to record when the tree is a copy without .git (default: detected)")
     args = ap.parse_args(argv)
+    sections = SECTIONS if args.all or not args.only else tuple(s.strip() for s in args.only.split(",") if s.strip())
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        print(f"error: unknown section(s) {', '.join(unknown)}; known: {', '.join(SECTIONS)}", file=sys.stderr)
+        return 2
     if args.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
@@ -450,23 +478,49 @@ def main(argv=None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: no CUDA device (use --device cpu --small for a CPU smoke run)", file=sys.stderr)
         return 2
-    payload = {"device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
-               "alpha": alpha_cases(args.device, args.small, args.repeats),
-               "tree_alpha": tree_alpha_cases(args.device, args.small, args.repeats),
-               "tree_attention": attention_cases(args.device, args.small, args.repeats),
-               "tree_losses": tree_loss_cases(args.device, args.small, args.repeats),
-               "gdn_replay": gdn_cases(args.device, args.small, args.repeats),
-               "sparse_attention": sparse_cases(args.device, args.small, args.repeats),
-               "draft_sampler": draft_sampler_cases(args.device, args.small)}
-    print({"draft_sampler": payload["draft_sampler"]}, file=sys.stderr)
+    payload = {"device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu", "section_wall_s": {}}
+    for name in sections:
+        start = time.perf_counter()
+        payload[name] = _run_section(name, args.device, args.small, args.repeats)
+        payload["section_wall_s"][name] = round(time.perf_counter() - start, 3)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # results.py needs only the standard library
-    from sglang_specopd.app.results import write_result
+    from kernels_gpu_checks import kernel_checks, records, summary
+    from sglang_specopd.app.results import portable, result_header, write_result
 
+    summ = summary(kernel_checks(payload))
+    payload["verification"] = summ
+    for kernel, s in summ.items():
+        print(f"{kernel}: {'not run' if s['passed'] is None else 'PASS' if s['passed'] else 'FAIL'} "
+              f"({s['checks']} checks{'; failed: ' + ', '.join(s['failed']) if s['failed'] else ''})", file=sys.stderr)
     if args.git_commit:  # a device machine's copy of the tree carries no .git
         payload["git_commit"] = args.git_commit
-    write_result(args.out, payload, command="python " + " ".join(sys.argv))
+    out = write_result(args.out, payload, command="python " + " ".join(sys.argv))
     print(f"wrote {args.out}", file=sys.stderr)
-    return 0
+    records_path = args.records
+    if records_path is None and args.device == "cuda":
+        from specopd_kernels.verified import RECORDS_FILE
+
+        records_path = str(RECORDS_FILE)
+    if records_path:
+        from specopd_kernels.verified import write_records
+
+        head = result_header()
+        head["versions"]["triton"] = _triton_version()
+        recs = records(summ, device=args.device, gpu=payload["device"] if args.device == "cuda" else None,
+                       versions=head["versions"], git_commit=payload.get("git_commit") or head["git_commit"],
+                       created=head["created"], result_file=portable(str(out)))
+        write_records(recs, Path(records_path))
+        print(f"wrote {len(recs)} verified-kernel record(s) to {records_path}", file=sys.stderr)
+    return 0 if all(s["passed"] is not False for s in summ.values()) else 1
+
+
+def _triton_version():
+    try:
+        import triton
+
+        return triton.__version__
+    except ImportError:
+        return None
 
 
 if __name__ == "__main__":

@@ -111,3 +111,20 @@ def test_git_commit_dirty_counts_untracked_but_not_ignored(tmp_path: Path) -> No
     assert R.git_commit(tmp_path) == head + "+dirty"  # an untracked, non-ignored file does
     assert R.git_commit(tmp_path / "runs").endswith("+dirty")
     assert R.git_commit(tmp_path.parent / "definitely-not-a-repo-xyz") is None
+
+
+def test_result_files_record_portable_paths(tmp_path: Path, monkeypatch) -> None:
+    """Paths of this machine never reach a result file: under the repository -> relative, under $SPECOPD_HOME ->
+    ``$SPECOPD_HOME/...``, in the command line too; other strings and numbers untouched."""
+    monkeypatch.setenv("SPECOPD_HOME", str(tmp_path / "home"))
+    repo = Path(R.__file__).resolve().parents[2]
+    out = R.write_result(tmp_path / "r.json", {
+        "drafter": str(repo / "runs" / "x" / "drafter"), "target": str(tmp_path / "home" / "models" / "S"),
+        "nested": [{"log": f"see {repo}/benchmarks/a.log"}], "value": 1.5, "other": "/opt/elsewhere"},
+        command=f"python {repo}/benchmarks/x.py --out {repo}/benchmarks/results/x.json")
+    data = json.loads(out.read_text())
+    assert data["drafter"] == "runs/x/drafter" and data["target"] == "$SPECOPD_HOME/models/S"
+    assert data["nested"] == [{"log": "see benchmarks/a.log"}] and data["value"] == 1.5
+    assert data["other"] == "/opt/elsewhere"
+    assert data["command"] == "python benchmarks/x.py --out benchmarks/results/x.json"
+    assert R.portable([f"{repo}2/x", str(repo)]) == [f"{repo}2/x", "."]  # whole path components only

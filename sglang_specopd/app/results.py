@@ -95,6 +95,36 @@ def git_commit(repo: Path | None = None) -> str | None:
         return None
 
 
+def _path_prefixes() -> list[tuple[str, str]]:
+    """(absolute prefix, portable replacement), longest first: the repository root -> relative, ``$SPECOPD_HOME``,
+    the temp directory -> ``$TMPDIR``, the user's home -> ``~``."""
+    from sglang_specopd.wire.home import specopd_home
+
+    repo = Path(__file__).resolve().parents[2]
+    pairs = [(str(repo) + "/", ""), (str(repo), "."), (str(specopd_home().resolve()), "$SPECOPD_HOME"),
+             (str(specopd_home()), "$SPECOPD_HOME"), (str(Path(tempfile.gettempdir()).resolve()), "$TMPDIR"),
+             (str(Path.home()), "~")]
+    return sorted({a: b for a, b in pairs if a not in ("", "/")}.items(), key=lambda p: -len(p[0]))
+
+
+def portable(value: Any, _prefixes: Optional[list] = None) -> Any:
+    """``value`` (any JSON-able structure) with this machine's absolute paths made portable in every string: under
+    the repository -> relative to it, under ``$SPECOPD_HOME`` -> ``$SPECOPD_HOME/...``, under the temp directory ->
+    ``$TMPDIR/...``, under the home directory -> ``~/...``; other values unchanged. Result files record these, never
+    a machine's own paths."""
+    prefixes = _path_prefixes() if _prefixes is None else _prefixes
+    if isinstance(value, str):
+        for prefix, repl in prefixes:
+            end = "" if prefix.endswith("/") else r"(?![\w.-])"  # a whole path component, not /work/main2
+            value = re.sub(re.escape(prefix) + end, lambda m, r=repl: r, value)
+        return value
+    if isinstance(value, dict):
+        return {k: portable(v, prefixes) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable(v, prefixes) for v in value]
+    return value
+
+
 def result_header(command: str | None = None) -> Dict[str, Any]:
     """The common keys: command (default: this process's argv), git_commit, created, machine, versions."""
     return {
@@ -181,7 +211,8 @@ def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
 
 
 def write_result(path: str | Path, payload: Dict[str, Any], command: str | None = None) -> Path:
-    """Write ``result_header(command) | payload`` as indented JSON, atomically; return the path.
+    """Write ``result_header(command) | payload`` as indented JSON, atomically; return the path. Every string has
+    this machine's absolute paths made portable (:func:`portable`).
 
     A file already at ``path`` from another run first moves to ``history/`` beside it (:func:`archive_existing`);
     one this process wrote is replaced in place. Raises OSError if the directory cannot be written and TypeError
@@ -189,7 +220,7 @@ def write_result(path: str | Path, payload: Dict[str, Any], command: str | None 
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {**result_header(command), **payload}
+    data = portable({**result_header(command), **payload})
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as fh:
