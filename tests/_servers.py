@@ -122,21 +122,22 @@ def _admin_headers(srv) -> Dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def drafter_info(url: str) -> dict:
-    """``GET /specopd/drafter``."""
+def drafter_info(url: str, admin_key: Optional[str] = None) -> dict:
+    """``GET /specopd/drafter``, or with ``admin_key`` ``GET /specopd/drafter/admin`` (which adds ``path``)."""
     import httpx
 
-    from sglang_specopd.wire.protocol import DRAFTER_INFO_PATH
+    from sglang_specopd.wire.protocol import DRAFTER_ADMIN_INFO_PATH, DRAFTER_INFO_PATH
 
-    r = httpx.get(url + DRAFTER_INFO_PATH, timeout=60)
+    headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
+    r = httpx.get(url + (DRAFTER_ADMIN_INFO_PATH if admin_key else DRAFTER_INFO_PATH), headers=headers, timeout=60)
     assert r.status_code == 200, r.text[:300]
     return r.json()
 
 
 def remember_start(srv) -> None:
-    """Record the drafter info of a just-started SPECOPD server (``srv.extra["initial_info"]``) for
-    :func:`checkout`."""
-    srv.extra["initial_info"] = drafter_info(srv.url)
+    """Record the drafter info of a just-started SPECOPD server (``srv.extra["initial_info"]``; with its checkpoint
+    path when the server has an admin key) for :func:`checkout`."""
+    srv.extra["initial_info"] = drafter_info(srv.url, srv.spec.admin_api_key)
     srv.extra["swaps_seen"] = 0
 
 
@@ -151,12 +152,12 @@ def checkout(srv) -> None:
     from sglang_specopd.wire.protocol import PREFIX_CACHE_PATH, SWAP_DRAFTER_PATH
 
     initial, headers = srv.extra["initial_info"], _admin_headers(srv)
-    now = drafter_info(srv.url)
+    now = drafter_info(srv.url, srv.spec.admin_api_key)
     if now["swaps"] != srv.extra["swaps_seen"]:
         body = json.dumps({"path": initial["path"], "version": initial["version"]}).encode()
         r = httpx.post(srv.url + SWAP_DRAFTER_PATH, content=body, headers=headers, timeout=120)
         assert r.status_code == 200, f"restoring the start-up drafter -> {r.status_code}: {r.text[:300]}"
-        now = drafter_info(srv.url)
+        now = drafter_info(srv.url, srv.spec.admin_api_key)
         assert now["version"] == initial["version"] and now["path"] == initial["path"], now
     srv.extra["swaps_seen"] = now["swaps"]
     r = httpx.post(srv.url + "/flush_cache", params={"timeout": 30}, headers=headers, timeout=90)

@@ -461,6 +461,9 @@ TINY_ADMIN_SPOOL_MB = 0.005  # a 5,242-byte live-traffic spool: a handful of tin
 TINY_MAX_PAYLOAD_ENV = "SPECOPD_MAX_PAYLOAD_BYTES"
 # Above a tiny drafter's swap payload (~0.3 MB), far below the default 64 MiB, so a 413 costs little.
 TINY_MAX_PAYLOAD = 1_000_000
+# A stalled request body gets 408 after this many seconds without bytes (default 30 s; tests/test_http_robustness.py)
+TINY_BODY_IDLE_ENV = "SPECOPD_BODY_IDLE_S"
+TINY_BODY_IDLE_S = 3.0
 
 
 @pytest.fixture(scope="module")
@@ -469,14 +472,16 @@ def tiny_admin_server(request, shared_servers_guard, tiny_serving_target: Path, 
     """A SPECOPD fp32 server (tiny target + block-4 drafter) with :data:`TINY_ADMIN_KEY`, a score_trees prefix
     cache, a :data:`TINY_MAX_PAYLOAD`-byte payload limit and a :data:`TINY_ADMIN_SPOOL_MB` traffic spool
     (score_trees budget off); shared (``tests/_servers.py``) by the modules that swap drafters, train against it,
-    fuzz it, read its traffic or take the unbudgeted score_trees replies from it. ``extra["initial_info"]``:
-    ``GET /specopd/drafter`` right after start (version ``"initial"``, 0 swaps)."""
+    fuzz it, read its traffic or take the unbudgeted score_trees replies from it; a request body stalled for
+    :data:`TINY_BODY_IDLE_S` gets 408. ``extra["initial_info"]``: ``GET /specopd/drafter/admin`` right after start
+    (version ``"initial"``, 0 swaps, the drafter's path)."""
     from sglang_specopd.app.launch import free_port
 
     def start(stack: contextlib.ExitStack) -> RunningServer:
         spec = replace(tiny_launch_spec(tiny_serving_target, free_port(), tiny_drafter), admin_api_key=TINY_ADMIN_KEY,
                        prefix_cache_mb=TINY_ADMIN_PREFIX_CACHE_MB, traffic_spool_mb=TINY_ADMIN_SPOOL_MB)
-        with _env_var(TINY_MAX_PAYLOAD_ENV, str(TINY_MAX_PAYLOAD)):  # read by the HTTP process: set at launch
+        with _env_var(TINY_MAX_PAYLOAD_ENV, str(TINY_MAX_PAYLOAD)), _env_var(TINY_BODY_IDLE_ENV, str(TINY_BODY_IDLE_S)):
+            # both read by the HTTP process: set at launch
             return start_specopd(stack, spec, tmp_path_factory.mktemp("logs"), "tiny-admin")
 
     yield from lend(request, "tiny_admin_server", start)

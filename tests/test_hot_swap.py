@@ -22,7 +22,8 @@ import httpx
 import pytest
 import torch
 
-from sglang_specopd.wire.protocol import DRAFTER_INFO_PATH, SWAP_DRAFTER_PATH, encode_tensors, swap_payload, tensors_digest
+from sglang_specopd.wire.protocol import (DRAFTER_ADMIN_INFO_PATH, DRAFTER_INFO_PATH, SWAP_DRAFTER_PATH,
+                                          encode_tensors, swap_payload, tensors_digest)
 from test_score_trees import ADMIN_KEY, MAX_PAYLOAD, NEW_TOKENS, PROMPTS, Shared, shared_server  # noqa: F401
 
 VERSIONS_KEY = "specopd_drafter_versions"
@@ -39,7 +40,8 @@ def load_drafter(path: Path):
 
 
 def info(shared: Shared) -> dict:
-    r = httpx.get(shared.url + DRAFTER_INFO_PATH, timeout=60)
+    """The admin view of the serving drafter (with its checkpoint path; the public one has none)."""
+    r = httpx.get(shared.url + DRAFTER_ADMIN_INFO_PATH, headers=shared.admin_headers, timeout=60)
     assert r.status_code == 200, r.text
     return r.json()
 

@@ -1,5 +1,5 @@
-"""Budgeted ``/specopd/score_trees``: scoring in pieces between decode steps, a bounded queue (429), cost limits
-(413), parsing off the event loop, and the trainer client's 429 backoff.
+"""Budgeted ``/specopd/score_trees``: scoring in pieces between decode steps, a bounded queue with a bounded wait
+(429), cost limits (413), parsing off the event loop, and the trainer client's 429 backoff.
 
 Unit tests need no server. The server tests run the tiny fp32 target twice: first with the budget off (today's
 one-forward path; its replies are the reference: conftest's shared ``tiny_admin_server``), then with a budget of a
@@ -22,19 +22,22 @@ import httpx
 import pytest
 import torch
 
-from sglang_specopd.server.score_admission import Admission, parse_body, validation_message
+from sglang_specopd.server.score_admission import parse_body, validation_message
 from sglang_specopd.server.score_chunks import tree_slices
 from sglang_specopd.server.score_cost import (
     BUDGET_ENV,
     MAX_REQUEST_MB_ENV,
     QUEUE_MAX_ENV,
+    QUEUE_WAIT_ENV,
     ScoreSettings,
     TargetDims,
     estimate_cost,
     over_limits,
 )
+from sglang_specopd.server.score_line import LineBusy, ScoreLine
 from sglang_specopd.wire.protocol import (
     BINARY_CONTENT_TYPE,
+    QUEUE_WAIT_HEADER,
     SCORE_TREES_PATH,
     ScoreTreesError,
     ScoreTreesRequest,
@@ -56,14 +59,18 @@ def test_tree_slices_respect_the_budget() -> None:
 
 
 def test_settings_round_trip_through_the_environment() -> None:
-    s = ScoreSettings(budget_tokens=256, queue_max=2, max_request_mb=512)
-    assert s.env() == {BUDGET_ENV: "256", QUEUE_MAX_ENV: "2", MAX_REQUEST_MB_ENV: "512"}
+    s = ScoreSettings(budget_tokens=256, queue_max=2, max_request_mb=512, queue_wait_s=2.5)
+    assert s.env() == {BUDGET_ENV: "256", QUEUE_MAX_ENV: "2", MAX_REQUEST_MB_ENV: "512", QUEUE_WAIT_ENV: "2.5"}
     assert ScoreSettings.from_env(s.env()) == s
-    assert ScoreSettings.from_env({}) == ScoreSettings(0, 4, 1024)
+    assert ScoreSettings.from_env({}) == ScoreSettings(0, 4, 1024, 10.0)
     with pytest.raises(ValueError, match=BUDGET_ENV):
         ScoreSettings.from_env({BUDGET_ENV: "lots"})
-    with pytest.raises(ValueError, match="queue_max"):
-        ScoreSettings(queue_max=-1)
+    with pytest.raises(ValueError, match=QUEUE_WAIT_ENV):
+        ScoreSettings.from_env({QUEUE_WAIT_ENV: "soon"})
+    for bad in ({"queue_max": -1}, {"queue_wait_s": -0.5}, {"queue_wait_s": float("nan")},
+                {"queue_wait_s": float("inf")}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            ScoreSettings(**bad)
 
 
 def test_config_keys_reach_the_server_environment() -> None:
@@ -73,9 +80,20 @@ def test_config_keys_reach_the_server_environment() -> None:
 
     cfg = ServeConfig.load(shipped_configs_dir() / "cpu-smollm2.yaml")
     assert (cfg.score_trees_budget_tokens, cfg.score_trees_queue_max, cfg.score_trees_max_request_mb) == (64, 4, 1024)
-    spec = LaunchSpec(model_path="x", device="cpu", score_budget_tokens=64, score_queue_max=1, score_max_request_mb=9)
+    assert cfg.score_trees_queue_wait_s == 10.0
+    spec = LaunchSpec(model_path="x", device="cpu", score_budget_tokens=64, score_queue_max=1, score_max_request_mb=9,
+                      score_queue_wait_s=3.5)
     env = server_env("cpu", base={}, score=spec.score_settings())
-    assert (env[BUDGET_ENV], env[QUEUE_MAX_ENV], env[MAX_REQUEST_MB_ENV]) == ("64", "1", "9")
+    got = (env[BUDGET_ENV], env[QUEUE_MAX_ENV], env[MAX_REQUEST_MB_ENV], env[QUEUE_WAIT_ENV])
+    assert got == ("64", "1", "9", "3.5")
+    from sglang_specopd.app.serve import launch_spec
+
+    assert launch_spec(cfg.model_copy(update={"score_trees_queue_wait_s": 4.0}), port=1).score_queue_wait_s == 4.0
+    from pydantic import ValidationError
+
+    for bad in (-1, float("nan"), float("inf")):
+        with pytest.raises(ValidationError, match="score_trees_queue_wait_s"):
+            ServeConfig.model_validate({**cfg.model_dump(), "score_trees_queue_wait_s": bad})
     assert server_env("cpu", base={BUDGET_ENV: "7"})[BUDGET_ENV] == "0"  # the spec decides, not the caller's shell
 
 
@@ -112,16 +130,98 @@ def test_over_limits_names_what_and_the_cap() -> None:
     assert over_limits(estimate_cost(_request(100, 10), DIMS), ScoreSettings()) is None
 
 
-def test_admission_is_bounded_and_says_when_to_retry() -> None:
-    gate = Admission(queue_max=1)
-    assert gate.enter() is None and gate.enter() is None  # one scored, one waiting
-    assert gate.enter() == 1  # full; no duration measured yet: 1 s
-    gate.leave(scored_s=4.2)
-    assert gate.mean_s == pytest.approx(4.2)
-    assert gate.enter() is None and gate.enter() == 5
-    gate.leave(1.0)
-    gate.leave(None)
-    assert gate.active == 0 and gate.mean_s == pytest.approx(0.7 * 4.2 + 0.3)
+class _Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_line_is_bounded_and_says_when_to_retry() -> None:
+    clock = _Clock()
+    line = ScoreLine(queue_max=1, wait_s=0, clock=clock)
+
+    async def run():
+        first, second = line.enter(), line.enter()  # one scored, one waiting
+        with pytest.raises(LineBusy, match="queue is full") as full:
+            line.enter()
+        assert full.value.retry_after == 1  # no duration measured yet: 1 s
+        await line.turn(first)
+        waiting = asyncio.ensure_future(line.turn(second))
+        await asyncio.sleep(0)
+        assert not waiting.done() and line.busy_since == 100.0
+        clock.t += 4.2
+        line.done(first, scored_s=4.2)
+        await waiting  # the turn passes on, first come first served
+        assert line.mean_s == pytest.approx(4.2) and second.waited_s == pytest.approx(4.2)
+        third = line.enter()
+        with pytest.raises(LineBusy) as again:
+            line.enter()
+        assert again.value.retry_after == 5  # ceil(4.2 - 0 s already run)
+        clock.t += 3.0
+        assert line.retry_after() == 2  # 1.2 s of the mean left, rounded up
+        line.done(second, 1.0)
+        await line.turn(third)
+        line.done(third, None)
+        assert line.active == 0 and line.busy_since is None and line.mean_s == pytest.approx(0.7 * 4.2 + 0.3)
+
+    asyncio.run(run())
+
+
+def test_line_bounds_the_wait_for_a_turn() -> None:
+    """A request waits at most wait_s: refused at once when the line ahead is expected to take longer, else when
+    its wait reaches the bound; the place is given back either way and the line keeps working."""
+    clock = _Clock()
+
+    async def run():
+        line = ScoreLine(queue_max=4, wait_s=0.3)
+        big = line.enter()
+        await line.turn(big)
+        small = line.enter()
+        t0 = time.monotonic()
+        with pytest.raises(LineBusy, match="queue wait reached") as info:
+            await line.turn(small)  # no mean yet: waits the whole bound
+        assert 0.25 < time.monotonic() - t0 < 2.0 and info.value.retry_after >= 1 and line.active == 1
+        line.done(big, scored_s=30.0)
+        assert line.active == 0 and line.busy_since is None
+        predicted = ScoreLine(queue_max=4, wait_s=10.0, clock=clock)
+        predicted.mean_s = 30.0
+        running = predicted.enter()
+        await predicted.turn(running)
+        clock.t += 5.0
+        late = predicted.enter()
+        with pytest.raises(LineBusy, match="would exceed") as soon:
+            await predicted.turn(late)  # 25 s of scoring ahead > 10 s: refused without waiting
+        assert soon.value.retry_after == 25 and predicted.active == 1
+        clock.t += 24.0  # the running request is near its mean: 1 s left, within the bound -> waits
+        near = predicted.enter()
+        waiting = asyncio.ensure_future(predicted.turn(near))
+        await asyncio.sleep(0)
+        predicted.done(running, 29.0)
+        await waiting
+        assert near.turn_at == clock.t
+        predicted.done(near, 1.0)
+
+    asyncio.run(run())
+
+
+def test_line_passes_on_a_turn_granted_to_a_cancelled_waiter() -> None:
+    async def run():
+        line = ScoreLine(queue_max=4, wait_s=0)
+        a, b, c = line.enter(), line.enter(), line.enter()
+        await line.turn(a)
+        tb, tc = asyncio.ensure_future(line.turn(b)), asyncio.ensure_future(line.turn(c))
+        await asyncio.sleep(0)
+        tb.cancel()
+        await asyncio.sleep(0)
+        line.done(a, 1.0)
+        await asyncio.wait_for(tc, 5)  # b left the line: c is next
+        assert tb.cancelled() and line.active == 1
+        line.done(c, 1.0)
+        assert line.active == 0
+
+    asyncio.run(run())
 
 
 def _varied_request(seed: int = 0) -> ScoreTreesRequest:
@@ -147,11 +247,15 @@ def test_parse_body_equals_the_models() -> None:
     bad["references"][1]["trees"][3]["anchor"] = -2
     with pytest.raises(ScoreTreesError, match=r"references\.1\.trees\.3\.anchor: Input should be greater"):
         parse_body(json.dumps(bad).encode(), binary=False)
-    from pydantic import ValidationError
-
-    with pytest.raises(ValidationError) as info:
-        parse_body(b"{not json", binary=False)
-    assert validation_message(info.value).startswith("invalid score_trees request: ")
+    for body, reason in ((b"{not json", "is not valid JSON"), (b"[" * 5000, "nested 5000 levels deep"),
+                         (b'{"references": [], "top_k": Infinity}', "Infinity is not allowed"),
+                         (b'{"references": [], "top_k": 1, "top_k": 2}', "duplicate key 'top_k'")):
+        with pytest.raises(ScoreTreesError, match=reason) as info:
+            parse_body(body, binary=False)
+        assert str(info.value).startswith("invalid score_trees request: ")
+    deep_header = request_to_binary(req).replace(b'"num_references', b'"x": ' + b"[" * 100 + b"], \"num_references")
+    with pytest.raises(ValueError, match="malformed"):  # a specopd header nested too deeply (strict JSON too)
+        parse_body(deep_header, binary=True)
 
 
 def test_parse_body_in_a_thread_leaves_the_event_loop_free() -> None:
@@ -240,6 +344,7 @@ def test_client_gives_up_on_429_with_a_typed_error(monkeypatch) -> None:
 
 BUDGET = 8  # rows per scheduler iteration: the large references below run as many pieces
 MAX_REQUEST_MB = 64
+QUEUE_WAIT_S = 2.0  # the budgeted server's score_trees_queue_wait_s (one place in its line: queue_max 1)
 
 
 def _exactness_requests(vocab: int) -> Dict[str, ScoreTreesRequest]:
@@ -301,8 +406,8 @@ def unbudgeted_replies(tiny_admin_server, tiny_serving_target):
 def budget_server(unbudgeted_replies, tiny_serving_target, tiny_drafter, tmp_path_factory):
     from conftest import running_server
 
-    spec = _spec(tiny_serving_target, tiny_drafter, score_budget_tokens=BUDGET, score_queue_max=0,
-                 score_max_request_mb=MAX_REQUEST_MB)
+    spec = _spec(tiny_serving_target, tiny_drafter, score_budget_tokens=BUDGET, score_queue_max=1,
+                 score_max_request_mb=MAX_REQUEST_MB, score_queue_wait_s=QUEUE_WAIT_S)
     with running_server(spec, tmp_path_factory.mktemp("logs"), "score-budget-on") as srv:
         yield srv
 
@@ -339,9 +444,11 @@ def _long_request(vocab: int, P: int = 1500, trees: int = 300) -> ScoreTreesRequ
 
 
 @pytest.mark.server
-def test_generation_runs_between_pieces_and_a_full_queue_is_429(budget_server) -> None:
-    """While a long scoring request runs in pieces, generation requests complete, and (queue_max 0) a second
-    score request gets 429 with Retry-After; the trainer client retries it until it is served."""
+def test_generation_runs_between_pieces_and_waits_are_bounded(budget_server) -> None:
+    """While a long scoring request runs in pieces, generation requests complete; a small score request behind it
+    waits at most ``score_trees_queue_wait_s`` and then gets 429 with Retry-After (issue 41: small requests had no
+    answer within 15 s while others were scored); one more while that one waits finds the line full (queue_max 1,
+    429 at once); the trainer client retries the 429s until it is served."""
     from specopd_trainer.client import SpecOPDClient
 
     req = _long_request(1024, P=2000, trees=1500)  # 250 prefix chunks + 1125 tree slices: >= 1375 iterations
@@ -353,6 +460,11 @@ def test_generation_runs_between_pieces_and_a_full_queue_is_429(budget_server) -
         done["end"] = time.monotonic()
         done["s"] = done["end"] - t0
 
+    def small_call(out: dict):
+        t0 = time.monotonic()
+        out["r"] = _post(budget_server.url, _long_request(1024, P=40, trees=4), timeout=60)
+        out["s"], out["end"] = time.monotonic() - t0, time.monotonic()
+
     th = threading.Thread(target=long_call)
     th.start()
     time.sleep(0.5)
@@ -360,17 +472,31 @@ def test_generation_runs_between_pieces_and_a_full_queue_is_429(budget_server) -
     for _ in range(3):
         budget_server.generate("hello", 4)
         gen_end.append(time.monotonic())
-    second = _post(budget_server.url, _long_request(1024, P=40, trees=4), timeout=60)
-    second_at = time.monotonic()
+    waiting: Dict[str, object] = {}
+    waiter = threading.Thread(target=small_call, args=(waiting,))
+    waiter.start()
+    time.sleep(0.5)
+    full = _post(budget_server.url, _long_request(1024, P=40, trees=4), timeout=60)
+    waiter.join(timeout=120)
     with SpecOPDClient(budget_server.url, busy_retries=600, max_retry_after_s=0.5) as client:
         served = client.score_trees(_long_request(1024, P=40, trees=4))
     th.join(timeout=600)
     assert done.get("status") == 200, done
     assert max(gen_end) < done["end"], ("generation waited for the whole scoring request", gen_end, done)
-    assert second_at < done["end"], "the long request ended before the queue could be checked: make it longer"
-    assert second.status_code == 429, (second.status_code, second.text[:300])
-    assert int(second.headers["retry-after"]) >= 1 and "queue is full" in second.json()["error"]["message"]
+    assert waiting["end"] < done["end"], "the long request ended before the wait bound was reached: make it longer"
+    bounded = waiting["r"]
+    assert bounded.status_code == 429, (bounded.status_code, bounded.text[:300])
+    message, waited = bounded.json()["error"]["message"], float(bounded.headers[QUEUE_WAIT_HEADER])
+    assert "score_trees_queue_wait_s 2 s" in message and int(bounded.headers["retry-after"]) >= 1, message
+    # either it waited the whole bound, or the line ahead was already expected to take longer (refused at once)
+    assert ("reached" in message and QUEUE_WAIT_S - 0.3 <= waited) or "would exceed" in message, (message, waited)
+    assert waited <= QUEUE_WAIT_S + 1.0, waited
+    assert waiting["s"] < QUEUE_WAIT_S + 5.0, waiting["s"]
+    assert full.status_code == 429 and "queue is full" in full.json()["error"]["message"], full.text[:300]
+    assert int(full.headers["retry-after"]) >= 1
     assert served[0].num_nodes == 4 * 6 and served[0].prefix_len == 40  # 4 trees of 2 branches x 3 tokens
+    r = _post(budget_server.url, _long_request(1024, P=40, trees=4))  # idle again: scored at once
+    assert r.status_code == 200 and float(r.headers[QUEUE_WAIT_HEADER]) < 1.0, r.headers
 
 
 @pytest.mark.server

@@ -51,6 +51,10 @@ class ServeConfig(BaseModel):
     score_trees_max_request_mb: int = Field(
         default=1024, ge=0, description="cap on one score_trees request's estimated peak scheduler memory in MiB "
                                         "(sglang_specopd.server.score_cost; more: HTTP 413; 0 = no cap)")
+    score_trees_queue_wait_s: float = Field(
+        default=10.0, ge=0, allow_inf_nan=False,
+        description="seconds a score_trees request may wait for the ones ahead of it (sglang_specopd.server."
+                    "score_line; longer, or expected longer: HTTP 429 with Retry-After; 0 = no bound)")
     traffic_spool_mb: float = Field(
         default=0, ge=0, description="MiB of live-traffic items (prompt + output ids and verify trace of every "
                                      "finished request) the server keeps for training, read and purged with the "

@@ -90,15 +90,18 @@ class LaunchSpec:
     score_budget_tokens: int = 0  # score_trees_* server-config keys (sglang_specopd.server.score_cost.ScoreSettings)
     score_queue_max: int = 4
     score_max_request_mb: int = 1024
+    score_queue_wait_s: float = 10.0
     traffic_spool_mb: float = 0  # live-traffic spool (sglang_specopd.server.traffic); 0 = off
     traffic_features_mb: float = 0  # context features captured while serving (server.traffic_features); 0 = off
     extra_args: List[str] = field(default_factory=list)
 
     def score_settings(self):
-        """The score_trees budget, queue and cost cap as :class:`sglang_specopd.server.score_cost.ScoreSettings`."""
+        """The score_trees budget, queue, cost cap and queue wait as
+        :class:`sglang_specopd.server.score_cost.ScoreSettings`."""
         from sglang_specopd.server.score_cost import ScoreSettings
 
-        return ScoreSettings(self.score_budget_tokens, self.score_queue_max, self.score_max_request_mb)
+        return ScoreSettings(self.score_budget_tokens, self.score_queue_max, self.score_max_request_mb,
+                             self.score_queue_wait_s)
 
     def argv(self) -> List[str]:
         """The ``python -m sglang.launch_server ...`` command line."""

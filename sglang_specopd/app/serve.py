@@ -120,6 +120,7 @@ def launch_spec(cfg: ServeConfig, *, host: str = "127.0.0.1", port: int = 30000,
         sleep_on_idle=cfg.sleep_on_idle, api_key=api_key, admin_api_key=admin_api_key,
         prefix_cache_mb=cfg.score_trees_prefix_cache_mb, score_budget_tokens=cfg.score_trees_budget_tokens,
         score_queue_max=cfg.score_trees_queue_max, score_max_request_mb=cfg.score_trees_max_request_mb,
+        score_queue_wait_s=cfg.score_trees_queue_wait_s,
         traffic_spool_mb=cfg.traffic_spool_mb, traffic_features_mb=cfg.traffic_features_mb,
         extra_args=list(cfg.extra_sglang_args) + list(extra_args),
     )

@@ -71,10 +71,10 @@ class _Session:
 
     def _resolve_init(self, init: Optional[Path], say) -> Path:
         if init is None:
-            path = self.info.get("path")
+            path = self._server_drafter_path()
             if not path:
-                raise _TrainFail("the server reports no drafter checkpoint (GET /specopd/drafter has no path); "
-                                 "pass --init DRAFTER_DIR")
+                raise _TrainFail("the server reports no drafter checkpoint (GET /specopd/drafter/admin has no "
+                                 "path); pass --init DRAFTER_DIR")
             init = Path(path)
             if self.info.get("swaps"):
                 say(f"note: the server has swapped drafters since it started (serving version "
@@ -82,6 +82,27 @@ class _Session:
         if not (init / "config.json").is_file() or not (init / "model.safetensors").is_file():
             raise _TrainFail(f"--init {init}: not a drafter directory (needs config.json and model.safetensors)")
         return init
+
+    def _server_drafter_path(self) -> Optional[str]:
+        """The serving drafter's start-up checkpoint directory on the server: shown only with the admin key
+        (``GET /specopd/drafter/admin``); without one, the user must pass --init."""
+        from sglang_specopd.wire.protocol import DRAFTER_ADMIN_INFO_PATH
+        from specopd_trainer.client import ServerRequestError, ServerUnavailableError, SpecOPDClient
+
+        if not self.admin_key:
+            raise _TrainFail("pass --init DRAFTER_DIR: the server shows where its drafter lives only to its admin "
+                             f"(--admin-key / {ADMIN_KEY_ENV})")
+        probe = SpecOPDClient(self.url, retries=1, backoff_s=0.5, timeout=60)
+        try:
+            r = probe._request("GET", DRAFTER_ADMIN_INFO_PATH, headers={"Authorization": f"Bearer {self.admin_key}"})
+            return r.json().get("path")
+        except ServerRequestError as exc:
+            raise _TrainFail(f"GET {DRAFTER_ADMIN_INFO_PATH} refused (HTTP {exc.status}: {exc.reason}): pass the "
+                             "server's --admin-api-key as --admin-key, or --init DRAFTER_DIR") from None
+        except (ServerUnavailableError, ValueError) as exc:
+            raise _TrainFail(f"GET {DRAFTER_ADMIN_INFO_PATH} on {self.url} failed: {exc}", 1) from None
+        finally:
+            probe.close()
 
     def load_drafter(self):
         from sglang_specopd.wire.drafter_archs import spec_as_dict

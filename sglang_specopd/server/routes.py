@@ -1,7 +1,9 @@
 """HTTP routes the plugin adds to SGLang's FastAPI app (added by a BEFORE hook on ``launch_server``).
 
 ``POST /specopd/drafter/swap`` (admin: SGLang's ADMIN_FORCE level, so ``--admin-api-key`` is required and
-checked by SGLang's own auth middleware) and ``GET /specopd/drafter`` (version and spec of the serving drafter).
+checked by SGLang's own auth middleware), ``GET /specopd/drafter`` (version, spec and name of the serving drafter,
+no server paths) and ``GET /specopd/drafter/admin`` (admin: the same plus its checkpoint path), in
+:mod:`sglang_specopd.server.drafter_routes`.
 ``GET /specopd/prefix_cache`` (the score_trees prefix cache's stats) and ``POST /specopd/prefix_cache/clear``
 (admin, as the swap). ``GET /specopd/traffic`` and ``POST /specopd/traffic/purge`` (admin, as the swap): the
 live-traffic spool (:mod:`sglang_specopd.server.traffic`; 404 with the reason when recording is off), and
@@ -21,8 +23,9 @@ from __future__ import annotations
 from fastapi import Request
 
 from sglang_specopd.server import compat
-from sglang_specopd.server.http_errors import error_response, max_payload_bytes
+from sglang_specopd.server.http_errors import error_response
 from sglang_specopd.wire.protocol import (
+    DRAFTER_ADMIN_INFO_PATH,
     DRAFTER_INFO_PATH,
     PREFIX_CACHE_PATH,
     SCORE_TREES_PATH,
@@ -40,12 +43,9 @@ async def score_trees(request: Request):
 
 async def swap_drafter(request: Request):
     """Admin: swap the serving drafter's weights (see :mod:`sglang_specopd.server.hot_swap`); 200 JSON or 4xx reason."""
-    body = await request.body()
-    if len(body) > max_payload_bytes():
-        return error_response(413, f"payload of {len(body)} bytes exceeds the limit of {max_payload_bytes()} bytes")
-    if not body:
-        return error_response(400, "empty body: send drafter safetensors bytes or JSON {\"path\": DIR}")
-    return await _json_op("swap_drafter", body)
+    from sglang_specopd.server import drafter_routes
+
+    return await drafter_routes.swap_drafter(request)
 
 
 async def _json_op(op_name: str, payload: bytes = b""):
@@ -62,8 +62,17 @@ async def _json_op(op_name: str, payload: bytes = b""):
 
 
 async def drafter_info(request: Request):
-    """The serving drafter's version, swap count, checkpoint path and spec."""
-    return await _json_op("drafter_info")
+    """The serving drafter's version, swap count, spec and name (no server paths)."""
+    from sglang_specopd.server import drafter_routes
+
+    return await drafter_routes.drafter_info(request)
+
+
+async def drafter_admin_info(request: Request):
+    """Admin: :func:`drafter_info` plus the checkpoint's server path."""
+    from sglang_specopd.server import drafter_routes
+
+    return await drafter_routes.drafter_admin_info(request)
 
 
 async def prefix_cache_stats(request: Request):
@@ -117,8 +126,12 @@ async def traffic_purge(request: Request):
 
 
 def add_routes(*args, **kwargs):
-    """BEFORE hook for ``http_server.launch_server``: add the plugin's routes to SGLang's app."""
+    """BEFORE hook for ``http_server.launch_server``: add the plugin's routes to SGLang's app, and guard its
+    connections (:mod:`sglang_specopd.server.http_guard`)."""
+    from sglang_specopd.server import http_guard
+
     app = compat.get("http_server.app")
+    http_guard.install(app)
     auth_level, admin_force = compat.get("auth_level"), compat.get("AuthLevel").ADMIN_FORCE
 
     if not any(getattr(r, "path", None) == SCORE_TREES_PATH for r in app.routes):
@@ -126,6 +139,7 @@ def add_routes(*args, **kwargs):
         # ADMIN_FORCE: SGLang's auth middleware requires --admin-api-key (403 when none is configured).
         app.add_api_route(SWAP_DRAFTER_PATH, auth_level(admin_force)(swap_drafter), methods=["POST"])
         app.add_api_route(DRAFTER_INFO_PATH, drafter_info, methods=["GET"])
+        app.add_api_route(DRAFTER_ADMIN_INFO_PATH, auth_level(admin_force)(drafter_admin_info), methods=["GET"])
         app.add_api_route(PREFIX_CACHE_PATH, prefix_cache_stats, methods=["GET"])
         app.add_api_route(PREFIX_CACHE_PATH + "/clear", auth_level(admin_force)(prefix_cache_clear),
                           methods=["POST"])

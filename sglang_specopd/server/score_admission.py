@@ -1,17 +1,22 @@
 """HTTP side of ``POST /specopd/score_trees``: admission, parsing off the event loop, the cost check, the call.
 
 In order, before the scheduler sees anything:
-  1. body size: a declared ``Content-Length`` or a body over ``SPECOPD_MAX_PAYLOAD_BYTES`` -> 413;
-  2. the bounded queue (:class:`Admission`): at most ``score_trees_queue_max`` requests wait while one is scored;
-     more -> 429 with ``Retry-After`` (seconds: the recent mean time of a scored request, at least 1);
+  1. the body, read with bounds (:func:`sglang_specopd.server.http_body.read_body`): a declared ``Content-Length``
+     or a body over ``SPECOPD_MAX_PAYLOAD_BYTES`` -> 413; a body that stalls or trickles past its time -> 408;
+  2. a place in the line (:class:`sglang_specopd.server.score_line.ScoreLine`): at most ``score_trees_queue_max``
+     requests wait while one is scored; more -> 429 with ``Retry-After`` (seconds: the expected time until a
+     place is free, from the recent mean scoring time, at least 1);
   3. parsing and checks in a worker thread (``asyncio.to_thread``), in small pieces (:func:`parse_body`: one
-     ``json.loads`` of the body, then the models validated one anchor tree at a time), resting 1 ms after every
+     strict JSON parse of the body (:mod:`sglang_specopd.wire.strict_json`: nesting depth, NaN / Infinity,
+     duplicate keys -> 400), then the models validated one anchor tree at a time), resting 1 ms after every
      2 ms of work and with the cyclic garbage collector paused, so ``/health`` and generation requests keep being
      served while a large body is parsed (pydantic validates a whole body in ONE call holding the GIL: measured
      0.25 s for a 2.9 MB body);
   4. the cost check (:mod:`sglang_specopd.server.score_cost`: tokens, nodes, anchors, returned and feature bytes,
      estimated peak scheduler memory against ``score_trees_max_request_mb``) -> 413 with the numbers;
-  5. the scheduler call on the dedicated score communicator (:func:`sglang_specopd.server.control.call_score`).
+  5. the request's turn: it waits at most ``score_trees_queue_wait_s`` for the requests ahead of it, else 429 with
+     ``Retry-After``; the time it waited is in the reply header ``X-SpecOPD-Queue-Wait-S``;
+  6. the scheduler call on the dedicated score communicator (:func:`sglang_specopd.server.control.call_score`).
 """
 
 from __future__ import annotations
@@ -20,12 +25,12 @@ import asyncio
 import contextlib
 import gc
 import json
-import math
 import threading
 import time
 from typing import Optional, Sequence, Tuple
 
 from sglang_specopd.server.score_cost import ScoreSettings, TargetDims, estimate_cost, over_limits
+from sglang_specopd.server.score_line import LineBusy, ScoreLine
 from sglang_specopd.wire.protocol import (
     AnchorTree,
     ReferenceTrees,
@@ -34,32 +39,6 @@ from sglang_specopd.wire.protocol import (
     request_dict_from_binary,
     validate_request,
 )
-
-
-class Admission:
-    """Counts the score requests this HTTP process holds (waiting or being scored): at most ``queue_max`` + 1."""
-
-    def __init__(self, queue_max: int):
-        self.queue_max = queue_max
-        self.active = 0
-        self.mean_s: Optional[float] = None  # exponential mean of recent scored requests' durations
-
-    def enter(self) -> Optional[int]:
-        """Take a place: None when admitted, else the ``Retry-After`` seconds to answer with a 429."""
-        if self.active >= self.queue_max + 1:
-            return self.retry_after()
-        self.active += 1
-        return None
-
-    def leave(self, scored_s: Optional[float] = None) -> None:
-        """Give the place back; ``scored_s``: how long the scheduler took, when it scored the request."""
-        self.active -= 1
-        if scored_s is not None:
-            self.mean_s = scored_s if self.mean_s is None else 0.7 * self.mean_s + 0.3 * scored_s
-
-    def retry_after(self) -> int:
-        """Seconds until a place is likely free: the running request's expected time, at least 1."""
-        return max(1, math.ceil(self.mean_s or 1.0))
 
 
 def validation_message(exc, prefix: Sequence = ()) -> str:
@@ -128,8 +107,10 @@ def parse_body(body: bytes, binary: bool, tick=None) -> ScoreTreesRequest:
     """The request in ``body`` (JSON, or the binary form when ``binary``), validated one anchor tree at a time,
     with the cyclic garbage collector paused (:func:`_gc_paused`).
 
-    Raises ScoreTreesError (a ValueError) with a one-line reason, or pydantic's ValidationError for a body that is
-    not JSON. Equal to ``ScoreTreesRequest.model_validate_json(body)`` / ``request_from_binary(body)``."""
+    Raises ScoreTreesError (a ValueError) with a one-line reason: also for a body that is not strict JSON
+    (:func:`sglang_specopd.wire.strict_json.loads`: not UTF-8 / not JSON, nested deeper than 32 levels, NaN or
+    Infinity, a duplicate key). Equal to ``ScoreTreesRequest.model_validate_json(body)`` /
+    ``request_from_binary(body)``."""
     with _gc_paused():
         return _parse_body(body, binary, tick or _Yielder())
 
@@ -138,10 +119,12 @@ def _parse_body(body: bytes, binary: bool, tick) -> ScoreTreesRequest:
     if binary:
         obj = request_dict_from_binary(body)
     else:
+        from sglang_specopd.wire.strict_json import JSONBodyError, loads
+
         try:
-            obj = json.loads(body)
-        except ValueError:
-            return ScoreTreesRequest.model_validate_json(body)  # raises the models' own "Invalid JSON" error
+            obj = loads(body, what="score_trees body")
+        except JSONBodyError as exc:
+            raise ScoreTreesError(f"invalid score_trees request: {exc}") from None
     refs = obj.get("references") if isinstance(obj, dict) else None
     if not isinstance(refs, list):
         return _validate(ScoreTreesRequest, obj, ())
@@ -174,16 +157,17 @@ def prepare(body: bytes, binary: bool, dims: TargetDims, settings: ScoreSettings
         return (req.model_dump_json().encode() if binary else body), None
 
 
-_ADMISSION: Optional[Admission] = None
+_LINE: Optional[ScoreLine] = None
 _DIMS: Optional[TargetDims] = None
 
 
-def admission() -> Admission:
-    """This HTTP process's admission counter (queue size from ``SPECOPD_SCORE_QUEUE_MAX``)."""
-    global _ADMISSION
-    if _ADMISSION is None:
-        _ADMISSION = Admission(ScoreSettings.from_env().queue_max)
-    return _ADMISSION
+def line() -> ScoreLine:
+    """This HTTP process's score_trees line (``SPECOPD_SCORE_QUEUE_MAX`` places, ``SPECOPD_SCORE_QUEUE_WAIT_S``)."""
+    global _LINE
+    if _LINE is None:
+        settings = ScoreSettings.from_env()
+        _LINE = ScoreLine(settings.queue_max, settings.queue_wait_s)
+    return _LINE
 
 
 async def target_dims() -> TargetDims:
@@ -202,41 +186,62 @@ async def target_dims() -> TargetDims:
 async def score_trees_route(request):
     """``POST /specopd/score_trees`` (see the module docstring for the order of checks)."""
     from fastapi.responses import Response
-    from pydantic import ValidationError
 
     from sglang_specopd.server import control
-    from sglang_specopd.server.http_errors import error_response, max_payload_bytes
-    from sglang_specopd.wire.protocol import BINARY_CONTENT_TYPE
+    from sglang_specopd.server.http_body import BodyError, read_body
+    from sglang_specopd.server.http_errors import error_response
+    from sglang_specopd.wire.protocol import BINARY_CONTENT_TYPE, QUEUE_WAIT_HEADER
 
-    limit = max_payload_bytes()
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        return error_response(413, f"payload of {declared} bytes exceeds the limit of {limit} bytes")
-    body = await request.body()
-    if len(body) > limit:
-        return error_response(413, f"payload of {len(body)} bytes exceeds the limit of {limit} bytes")
-    gate = admission()
-    retry = gate.enter()
-    if retry is not None:
-        return error_response(429, f"score_trees queue is full ({gate.queue_max} waiting and one being scored); "
-                                   f"retry in {retry} s", headers={"Retry-After": str(retry)})
-    scored_s = None
     try:
-        binary = request.headers.get("content-type", "").startswith(BINARY_CONTENT_TYPE)
-        try:
-            payload, too_big = await asyncio.to_thread(prepare, body, binary, await target_dims(),
-                                                       ScoreSettings.from_env())
-        except ValidationError as exc:
-            return error_response(400, validation_message(exc))
-        except ValueError as exc:  # ScoreTreesError, a malformed binary payload
-            return error_response(400, str(exc))
-        if too_big:
-            return error_response(413, too_big)
-        t0 = time.monotonic()
-        reply = await control.call_score(payload)
-        scored_s = time.monotonic() - t0
-    finally:
-        gate.leave(scored_s)
+        body = await read_body(request)
+    except BodyError as exc:
+        return exc.response()
+    gate = line()
+    try:
+        ticket = gate.enter()
+    except LineBusy as exc:
+        return error_response(429, exc.message, headers={"Retry-After": str(exc.retry_after)})
+    binary = request.headers.get("content-type", "").startswith(BINARY_CONTENT_TYPE)
+    try:
+        payload, refused = await _prepare(body, binary)
+    except BaseException:
+        gate.leave(ticket)
+        raise
+    if refused is not None:
+        gate.leave(ticket)
+        return refused
+    try:
+        await gate.turn(ticket)  # gives the place back itself when it raises
+    except LineBusy as exc:
+        return error_response(429, exc.message, headers={"Retry-After": str(exc.retry_after),
+                                                          QUEUE_WAIT_HEADER: f"{ticket.waited_s:.3f}"})
+    waited = {QUEUE_WAIT_HEADER: f"{ticket.waited_s:.3f}"}
+    t0 = time.monotonic()
+    task = asyncio.ensure_future(control.call_score(payload))
+    # the turn is given back when the scheduler answers, even if this handler is cancelled meanwhile
+    task.add_done_callback(lambda t: gate.done(ticket, None if t.cancelled() or t.exception() is not None
+                                               else time.monotonic() - t0))
+    reply = await asyncio.shield(task)
     if reply.status != 200:
-        return error_response(reply.status, reply.message)
-    return Response(content=reply.payload, media_type=BINARY_CONTENT_TYPE)
+        return error_response(reply.status, reply.message, headers=waited)
+    return Response(content=reply.payload, media_type=BINARY_CONTENT_TYPE, headers=waited)
+
+
+async def _prepare(body: bytes, binary: bool):
+    """``(payload for the scheduler, None)`` or ``(b"", the 400 / 413 reply)``: :func:`prepare` in a thread."""
+    from pydantic import ValidationError
+
+    from sglang_specopd.server.http_errors import error_response
+
+    try:
+        payload, too_big = await asyncio.to_thread(prepare, body, binary, await target_dims(),
+                                                   ScoreSettings.from_env())
+    except ValidationError as exc:
+        return b"", error_response(400, validation_message(exc))
+    except ValueError as exc:  # ScoreTreesError, a malformed binary payload, strict JSON
+        return b"", error_response(400, str(exc))
+    except RecursionError:  # backstop: a structure the strict checks let through yet too deep to walk
+        return b"", error_response(400, "invalid score_trees request: nested too deeply")
+    if too_big:
+        return b"", error_response(413, too_big)
+    return payload, None

@@ -1,7 +1,8 @@
 """What a ``/specopd/score_trees`` request may cost, decided before any work starts (no SGLang, no torch).
 
 :class:`ScoreSettings` are the server-config keys that bound scoring (``score_trees_budget_tokens``,
-``score_trees_queue_max``, ``score_trees_max_request_mb``), passed to every server process as environment
+``score_trees_queue_max``, ``score_trees_max_request_mb``, ``score_trees_queue_wait_s``: the longest a request
+waits for its turn, :mod:`sglang_specopd.server.score_line`), passed to every server process as environment
 variables by :func:`sglang_specopd.server.plugin.launch_environment`. :func:`estimate_cost` counts a request's
 tokens, nodes, anchors and returned bytes and estimates the scheduler's peak memory for it from the target's
 dimensions (:class:`TargetDims`); :func:`over_limits` names what exceeds a limit (HTTP 413 with the numbers).
@@ -28,42 +29,50 @@ from typing import Dict, List, Mapping, Optional
 BUDGET_ENV = "SPECOPD_SCORE_BUDGET_TOKENS"
 QUEUE_MAX_ENV = "SPECOPD_SCORE_QUEUE_MAX"
 MAX_REQUEST_MB_ENV = "SPECOPD_SCORE_MAX_REQUEST_MB"
+QUEUE_WAIT_ENV = "SPECOPD_SCORE_QUEUE_WAIT_S"
 DEFAULT_QUEUE_MAX = 4
 DEFAULT_MAX_REQUEST_MB = 1024
+DEFAULT_QUEUE_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
 class ScoreSettings:
     """``budget_tokens``: rows of scoring forward per scheduler iteration (0 = off: a request runs whole, between
     two batches); ``queue_max``: requests that may wait while one is scored (more get HTTP 429);
-    ``max_request_mb``: cap on a request's estimated peak scheduler memory in MiB (0 = no cap; more gets 413)."""
+    ``max_request_mb``: cap on a request's estimated peak scheduler memory in MiB (0 = no cap; more gets 413);
+    ``queue_wait_s``: the longest a request waits for its turn, in seconds (0 = no bound; longer gets 429)."""
 
     budget_tokens: int = 0
     queue_max: int = DEFAULT_QUEUE_MAX
     max_request_mb: int = DEFAULT_MAX_REQUEST_MB
+    queue_wait_s: float = DEFAULT_QUEUE_WAIT_S
 
     def __post_init__(self):
-        for name in ("budget_tokens", "queue_max", "max_request_mb"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"score_trees {name} must be >= 0, got {getattr(self, name)}")
+        for name in ("budget_tokens", "queue_max", "max_request_mb", "queue_wait_s"):
+            value = getattr(self, name)
+            if not value >= 0 or value == float("inf"):  # NaN fails the comparison
+                raise ValueError(f"score_trees {name} must be a finite number >= 0, got {value}")
 
     def env(self) -> Dict[str, str]:
         """The environment variables that carry these settings to the server's processes."""
         return {BUDGET_ENV: str(self.budget_tokens), QUEUE_MAX_ENV: str(self.queue_max),
-                MAX_REQUEST_MB_ENV: str(self.max_request_mb)}
+                MAX_REQUEST_MB_ENV: str(self.max_request_mb), QUEUE_WAIT_ENV: repr(float(self.queue_wait_s))}
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "ScoreSettings":
-        """Read the settings (unset: the defaults). Raises ValueError naming a variable that is not an int >= 0."""
+        """Read the settings (unset: the defaults). Raises ValueError naming a variable that is not a number >= 0
+        (an integer, except the queue wait)."""
         environ = os.environ if environ is None else environ
         values = {}
-        for field, var, default in (("budget_tokens", BUDGET_ENV, 0), ("queue_max", QUEUE_MAX_ENV, DEFAULT_QUEUE_MAX),
-                                    ("max_request_mb", MAX_REQUEST_MB_ENV, DEFAULT_MAX_REQUEST_MB)):
+        for field, var, default, kind in (("budget_tokens", BUDGET_ENV, 0, int),
+                                          ("queue_max", QUEUE_MAX_ENV, DEFAULT_QUEUE_MAX, int),
+                                          ("max_request_mb", MAX_REQUEST_MB_ENV, DEFAULT_MAX_REQUEST_MB, int),
+                                          ("queue_wait_s", QUEUE_WAIT_ENV, DEFAULT_QUEUE_WAIT_S, float)):
             raw = environ.get(var, "").strip()
             try:
-                values[field] = int(raw) if raw else default
+                values[field] = kind(raw) if raw else default
             except ValueError:
-                raise ValueError(f"{var} must be an integer, got {raw!r}") from None
+                raise ValueError(f"{var} must be {'an integer' if kind is int else 'a number'}, got {raw!r}") from None
         return cls(**values)
 
 

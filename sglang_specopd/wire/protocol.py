@@ -19,9 +19,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SCORE_TREES_PATH = "/specopd/score_trees"
 SWAP_DRAFTER_PATH = "/specopd/drafter/swap"
-DRAFTER_INFO_PATH = "/specopd/drafter"
+DRAFTER_INFO_PATH = "/specopd/drafter"  # GET: version, swaps, architecture, spec, name (no server paths)
+DRAFTER_ADMIN_INFO_PATH = "/specopd/drafter/admin"  # GET (admin): the same plus the checkpoint's server path
 PREFIX_CACHE_PATH = "/specopd/prefix_cache"  # GET: stats; POST .../clear (admin): drop every entry
 BINARY_CONTENT_TYPE = "application/octet-stream"
+# Reply header of score_trees (200, and the 429 of a request that waited): seconds the request waited in the line
+QUEUE_WAIT_HEADER = "X-SpecOPD-Queue-Wait-S"
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 2**20
 # Per score_trees request, over all its references (HTTP 413 beyond; the server's memory cap,
 # score_trees_max_request_mb, usually binds first).
@@ -168,12 +171,18 @@ def decode_tensors(data: bytes) -> Tuple[Dict[str, "object"], dict]:
         tensors = load(data)
     except Exception as exc:  # safetensors raises its own error types for truncated/garbled input
         raise ValueError(f"malformed safetensors payload: {exc}") from None
+    from sglang_specopd.wire.strict_json import loads
+
     header_len = int.from_bytes(data[:8], "little")
-    meta = json.loads(data[8 : 8 + header_len]).get("__metadata__", {}) or {}
-    try:
-        header = json.loads(meta.get("specopd", "{}"))
+    try:  # the safetensors header parsed once already (by safetensors, which bounds its nesting)
+        meta = json.loads(data[8 : 8 + header_len]).get("__metadata__", {}) or {}
+    except (ValueError, AttributeError, RecursionError) as exc:
+        raise ValueError(f"malformed safetensors payload: {type(exc).__name__}") from None
+    raw = meta.get("specopd", "{}")
+    try:  # strict: nesting depth, NaN / Infinity, duplicate keys
+        header = loads(raw if isinstance(raw, str) else "", what="the specopd header")
     except ValueError as exc:
-        raise ValueError(f"malformed payload: the specopd header is not JSON: {exc}") from None
+        raise ValueError(f"malformed payload: {exc}") from None
     if not isinstance(header, dict):
         raise ValueError(f"malformed payload: the specopd header must be a JSON object, got {type(header).__name__}")
     return tensors, header
