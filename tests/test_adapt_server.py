@@ -1,0 +1,174 @@
+"""``specopd adapt`` against a real tiny-target SPECOPD server (fp32) with the traffic spool and feature capture on:
+the features captured while serving equal score_trees' (also after a radix-cached prefix), traffic in, candidates
+judged, a push or a refusal the server agrees with, a resume after ``kill -9``, and a corrupted spool item skipped."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+ADMIN = "adapt-admin"
+pytestmark = pytest.mark.server
+
+
+@pytest.fixture(scope="module")
+def adapt_server(tiny_serving_target, tiny_drafter, tmp_path_factory):
+    from conftest import running_server, tiny_launch_spec
+    from sglang_specopd.app.launch import free_port
+
+    spec = replace(tiny_launch_spec(tiny_serving_target, free_port(), tiny_drafter), admin_api_key=ADMIN,
+                   traffic_spool_mb=4, traffic_features_mb=8)
+    with running_server(spec, tmp_path_factory.mktemp("logs"), "adapt") as srv:
+        yield srv
+
+
+def _send(url, prompts, max_new_tokens=24):
+    import httpx
+
+    for p in prompts:
+        r = httpx.post(url + "/generate", json={"input_ids": p, "sampling_params": {
+            "max_new_tokens": max_new_tokens, "temperature": 0}}, timeout=120)
+        assert r.status_code == 200, r.text[:200]
+
+
+def _prompts(n, seed=0, length=12, shared=()):
+    import random
+
+    rng = random.Random(seed)
+    return [list(shared) + [rng.randrange(10, 900) for _ in range(length)] for _ in range(n)]
+
+
+def test_features_captured_while_serving_equal_score_trees_features(adapt_server):
+    import torch
+
+    from specopd_trainer.client import SpecOPDClient
+
+    url = adapt_server.url
+    cfg = json.loads((Path(adapt_server.spec.drafter_path) / "config.json").read_text())
+    layer_ids = list(cfg["dflash_config"]["target_layer_ids"])
+    shared = list(range(20, 52))  # 32 tokens the radix cache keeps after the first request
+    _send(url, _prompts(1, seed=1, shared=shared) + _prompts(2, seed=2, shared=shared) + _prompts(1, seed=3))
+    with SpecOPDClient(url, admin_api_key=ADMIN) as c:
+        page = c.traffic_page(0, None, 64)
+        items = page["items"][-4:]
+        got, missing = c.traffic_features([it["seq"] for it in items], page["spool_id"])
+        assert missing == [] and set(got) == {it["seq"] for it in items}
+        starts = []
+        for it in items:
+            start, rows = got[it["seq"]]
+            n = len(it["input_ids"])
+            assert it["features"] == {"start": start, "rows": n - 1 - start} and rows.shape[0] == n - 1 - start
+            ref = c.context_features(it["input_ids"], layer_ids, dtype="float32")
+            assert torch.allclose(rows.float(), ref[start:n - 1], atol=2e-2, rtol=1e-2)  # bf16 storage
+            starts.append(start)
+        assert starts[0] == 0 and starts[1] >= 32 and starts[2] >= 32  # the shared prefix was not recomputed
+        with pytest.raises(Exception, match="409"):
+            c.traffic_features([items[0]["seq"]], "another-spool")
+
+
+def _adapt_cmd(url, run_dir, summary, steps):
+    return [sys.executable, "-m", "sglang_specopd.app.cli", "adapt", "--server", url, "--admin-key", ADMIN,
+            "--run-dir", str(run_dir), "--max-steps", str(steps), "--min-holdout", "4", "--holdout-every", "3",
+            "--eval-every", "10", "--min-train-tokens", "32", "--ckpt-every", "5", "--poll-s", "0.2",
+            "--no-progress", "--summary-json", str(summary), "--set", "seqs_per_step=2", "--set", "anchors_per_seq=8"]
+
+
+def test_adapt_cli_resumes_after_kill9_and_the_server_serves_what_it_deployed(adapt_server, tmp_path):
+    import threading
+
+    import httpx
+
+    url, run_dir, summary = adapt_server.url, tmp_path / "run", tmp_path / "summary.json"
+    stop = threading.Event()
+
+    def traffic():
+        i = 0
+        while not stop.is_set():
+            _send(url, _prompts(1, seed=100 + i, length=10), max_new_tokens=20)
+            i += 1
+
+    sender = threading.Thread(target=traffic, daemon=True)
+    sender.start()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    try:
+        proc = subprocess.Popen(_adapt_cmd(url, run_dir, summary, 40), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 300
+        while not (run_dir / "checkpoints" / "latest").is_file():
+            assert proc.poll() is None, proc.stdout.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "no checkpoint within 300 s"
+            time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        assert 5 <= _latest_step(run_dir) < 40
+        done = subprocess.run(_adapt_cmd(url, run_dir, summary, 40), env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    finally:
+        stop.set()
+        sender.join(120)
+        with contextlib.suppress(Exception):
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = json.loads(summary.read_text())
+    assert out["stopped_by"] == "max_steps" and out["step"] == 40
+    # the only items skipped are replies the tiny target ended after one token (nothing to train on)
+    assert out["reader"]["items"] > 0 and set(out["reader"]["bad_items"]) <= {"no_response"}
+    assert out["train_items"] > 0
+    assert out["features"]["served"] > 0 and out["traffic_tokens_seen"] > 0
+    assert out["buffers"]["train"]["duplicates"] + out["buffers"]["holdout"]["duplicates"] >= 0
+    assert any(v["kind"] == "candidate" for v in out["verdicts"])
+    serving = httpx.get(url + "/specopd/drafter", timeout=30).json()["version"]
+    assert serving == out["deployed_version"]  # a push the server took, or none: it still serves "initial"
+    assert out["deployed"][0]["version"] == "initial"
+    assert (run_dir / "drafter-deployed" / "model.safetensors").is_file()
+    if out["pushes"]:  # put the server back for the next test
+        _swap_back(adapt_server)
+
+
+def _latest_step(run_dir: Path) -> int:
+    name = (run_dir / "checkpoints" / "latest").read_text().strip()
+    return int(name.split("-")[1].split(".")[0])
+
+
+def _swap_back(srv):
+    import httpx
+
+    r = httpx.post(srv.url + "/specopd/drafter/swap", json={"path": srv.spec.drafter_path, "version": "initial"},
+                   headers={"Authorization": f"Bearer {ADMIN}"}, timeout=120)
+    assert r.status_code == 200, r.text[:300]
+
+
+def test_a_corrupted_spool_item_is_counted_and_skipped(adapt_server, tmp_path):
+    """The real server's pages, with one item per page damaged on the way (truncated ids), read by the adapter."""
+    from specopd_trainer.adapt.config import AdaptConfig
+    from specopd_trainer.adapt.loop import Adapter
+    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.drafters.registry import drafter_class_for_checkpoint
+
+    class Damaging(SpecOPDClient):
+        def traffic_page(self, after, spool_id, max_items):
+            page = super().traffic_page(after, spool_id, max_items)
+            if page.get("items"):
+                page["items"][0]["input_ids"] = page["items"][0]["input_ids"][:1]  # prompt_len beyond the ids
+            return page
+
+    _send(adapt_server.url, _prompts(8, seed=7, length=10), max_new_tokens=20)
+    drafter_dir, target = Path(adapt_server.spec.drafter_path), Path(adapt_server.spec.model_path)
+    drafter = drafter_class_for_checkpoint(drafter_dir).from_pretrained(drafter_dir, target)
+    with Damaging(adapt_server.url, admin_api_key=ADMIN) as client:
+        cfg = AdaptConfig(max_steps=3, min_train_tokens=8, min_holdout=100, poll_s=0.1, read_items=4,
+                          algorithm_options={"seqs_per_step": 2, "anchors_per_seq": 4})
+        ad = Adapter(client, drafter, tmp_path / "run", cfg, push=lambda d, v: None,
+                     serving_version=lambda: "initial", progress=False)
+        out = ad.run()
+    assert out["step"] == 3 and out["reader"]["bad_items"].get("truncated", 0) >= 2
+    assert out["reader"]["items"] >= 6 and out["train_items"] > 0
