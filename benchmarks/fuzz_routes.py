@@ -5,19 +5,26 @@ Routes (strategies: ``benchmarks/fuzz_strategies.py``, shared with ``tests/test_
 ``POST /specopd/drafter/swap`` (random safetensors bodies with random names/dtypes/shapes/headers, mutated valid
 payloads, JSON path bodies; with and without the admin key), ``GET /specopd/prefix_cache`` and
 ``POST /specopd/prefix_cache/clear`` (with and without the key), and generation (``/generate`` and
-``/v1/completions``) with random ``custom_params`` / ``specopd_trace`` values. Property: every reply is < 500 and
-well-formed (JSON; a score_trees 200 is decodable safetensors); afterwards ``/health`` is 200 and a fixed greedy
-probe gives the same tokens as before::
+``/v1/completions``) with random ``custom_params`` / ``specopd_trace`` values, and crafted hostile requests to every
+route the plugin adds (``benchmarks/fuzz_crafted.py``: deep nesting, huge and negative integers, NaN / Infinity,
+duplicate keys, truncated bodies, wrong content types, slow and stalled bodies, ``Connection: close`` uploads
+answered early). Property: every request gets an HTTP answer (no connection reset, no timeout) that is < 500 and
+well-formed (JSON with a reason; a score_trees 200 is decodable safetensors; a stalled body 408); afterwards
+``/health`` is 200 and a fixed greedy probe gives the same tokens as before. The server is the tests' tiny admin
+server (1 MB payload limit, a stalled body answered after 3 s)::
 
     python benchmarks/fuzz_routes.py --examples 10000
 
-Writes ``benchmarks/results/fuzz_routes_cpu.json`` (examples and statuses per route, 5xx count, health, probe).
+Writes ``benchmarks/results/fuzz_routes_cpu.json``: ``examples`` by kind (each crafted kind, e.g.
+``deep_nesting``, and the generic examples under their route's name), ``examples_by_route``, ``statuses`` per
+route and ``statuses_by_kind``, ``status_5xx``, ``connection_resets``, ``timeouts``, violations, health, probe.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections import Counter
@@ -40,6 +47,9 @@ from sglang_specopd.wire.protocol import BINARY_CONTENT_TYPE, decode_tensors  # 
 
 EXAMPLES_ENV = "SPECOPD_FUZZ_EXAMPLES"
 DEFAULT_EXAMPLES = 150
+REQUEST_TIMEOUT_S = 60.0  # no answer within this: a timeout (counted, and a violation)
+# what the fuzz server runs with (the tests' tiny admin server: tests/conftest.py)
+SERVER_ENV = {"SPECOPD_MAX_PAYLOAD_BYTES": "1000000", "SPECOPD_BODY_IDLE_S": "3"}
 PROBE_PROMPT = "The fuzz probe: greedy tokens before and after."
 PROBE_TOKENS = 12
 
@@ -63,6 +73,8 @@ def check_reply(case: Case, status: int, content: bytes, content_type: str) -> L
         problems.append(f"{status} >= 500")
     if case.meta.get("unauthorised") and status != 401:
         problems.append(f"unauthorised admin call answered {status}")
+    if case.meta.get("expect") is not None and not case.meta.get("unauthorised") and status != case.meta["expect"]:
+        problems.append(f"expected {case.meta['expect']}, answered {status}")
     if status == 200 and content_type.startswith(BINARY_CONTENT_TYPE):
         try:
             decode_tensors(content)
@@ -92,29 +104,70 @@ def error_reason(body) -> Optional[str]:
     return str(reason or body.get("message") or body.get("detail") or "") or None
 
 
+# What a request without an HTTP answer counts as (its status key in the tallies)
+RESET, TIMEOUT, TRANSPORT = "reset", "timeout", "transport"
+
+
 @dataclass
 class Tally:
-    """Per route: examples sent and status counts; every property violation with its request."""
+    """Per route and per kind: examples sent and status counts (an HTTP status, or ``reset`` / ``timeout`` /
+    ``transport`` for a request without an answer); every property violation with its request."""
 
     statuses: Dict[str, Counter] = field(default_factory=dict)
+    kinds: Dict[str, Counter] = field(default_factory=dict)
     violations: List[dict] = field(default_factory=list)
 
-    def add(self, route: str, status: int) -> None:
+    def add(self, route: str, status, kind: Optional[str] = None) -> None:
         self.statuses.setdefault(route, Counter())[str(status)] += 1
+        self.kinds.setdefault(kind or route, Counter())[str(status)] += 1
 
     def summary(self) -> dict:
-        return {"examples": {r: sum(c.values()) for r, c in self.statuses.items()},
+        def count(key: str) -> int:
+            return sum(c[key] for c in self.statuses.values())
+
+        return {"examples": {k: sum(c.values()) for k, c in self.kinds.items()},
+                "examples_by_route": {r: sum(c.values()) for r, c in self.statuses.items()},
                 "statuses": {r: dict(sorted(c.items())) for r, c in self.statuses.items()},
-                "status_5xx": sum(n for c in self.statuses.values() for s, n in c.items() if int(s) >= 500),
+                "statuses_by_kind": {k: dict(sorted(c.items())) for k, c in self.kinds.items()},
+                "status_5xx": sum(n for c in self.statuses.values() for s, n in c.items() if s.isdigit()
+                                  and int(s) >= 500),
+                "connection_resets": count(RESET), "timeouts": count(TIMEOUT), "transport_errors": count(TRANSPORT),
                 "violations": len(self.violations), "first_violations": self.violations[:10]}
 
 
-def send(client: httpx.Client, url: str, case: Case) -> Tuple[int, List[str]]:
-    """Send ``case``; (status, problems). A transport error (server gone) counts as status 599."""
+def no_answer_kind(exc: Exception) -> str:
+    """``reset`` (the server reset or closed the connection without an answer), ``timeout`` or ``transport``."""
+    if isinstance(exc, httpx.TimeoutException):
+        return TIMEOUT
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)) or "reset" in text.lower():
+        return RESET
+    return TRANSPORT
+
+
+def _slow(body: bytes, pieces):
+    """The body as an iterator of ``(bytes, pause before them)`` pieces (``Case.meta["slow"]``)."""
+    at = 0
+    for size, pause in pieces:
+        if pause:
+            time.sleep(pause)
+        yield body[at:at + size]
+        at += size
+    if at < len(body):
+        yield body[at:]
+
+
+def send(client: httpx.Client, url: str, case: Case) -> Tuple[object, List[str]]:
+    """Send ``case``; (status or no-answer kind, problems). A request without an HTTP answer is a problem."""
+    headers, content = dict(case.headers), case.body or None
+    if case.meta.get("slow"):
+        headers["Content-Length"] = str(len(case.body))
+        content = _slow(case.body, case.meta["slow"])
     try:
-        r = client.request(case.method, url + case.path, headers=case.headers, content=case.body or None)
+        r = client.request(case.method, url + case.path, headers=headers, content=content)
     except httpx.HTTPError as exc:
-        return 599, [f"no reply: {type(exc).__name__}: {exc}"]
+        kind = no_answer_kind(exc)
+        return kind, [f"no answer ({kind}): {type(exc).__name__}: {exc}"]
     return r.status_code, check_reply(case, r.status_code, r.content, r.headers.get("content-type", ""))
 
 
@@ -122,14 +175,14 @@ def fuzz_route(target: Target, route: str, examples: int, tally: Tally, *, stric
                derandomize: bool = True) -> None:
     """Run ``examples`` hypothesis examples of ``route`` against the server; record statuses in ``tally``.
     ``strict``: a violated property fails the example (hypothesis shrinks and raises); else it is recorded."""
-    client = httpx.Client(timeout=120)
+    client = httpx.Client(timeout=REQUEST_TIMEOUT_S)
 
     @settings(max_examples=examples, deadline=None, database=None, derandomize=derandomize, print_blob=True,
               suppress_health_check=list(HealthCheck))
     @given(STRATEGIES[route](target))
     def one(case: Case) -> None:
         status, problems = send(client, target.url, case)
-        tally.add(route, status)
+        tally.add(route, status, case.meta.get("kind"))
         if problems:
             tally.violations.append({"route": route, "status": status, "problems": problems,
                                      "request": f"{case.method} {case.path} {case.headers} {case.body[:200]!r}"})
@@ -137,6 +190,40 @@ def fuzz_route(target: Target, route: str, examples: int, tally: Tally, *, stric
 
     try:
         one()
+    finally:
+        client.close()
+
+
+def crafted_split(total: int) -> Dict[str, int]:
+    """``total`` crafted examples split over the kinds by ``fuzz_crafted.KIND_WEIGHTS`` (each kind at least 1)."""
+    from fuzz_crafted import KIND_WEIGHTS
+
+    norm = sum(KIND_WEIGHTS.values())
+    return {kind: max(1, round(total * w / norm)) for kind, w in KIND_WEIGHTS.items()}
+
+
+def fuzz_kinds(target: Target, per_kind, tally: Tally, *, strict: bool) -> None:
+    """Crafted examples kind by kind (``benchmarks/fuzz_crafted.py``): ``per_kind`` is a count for every kind or
+    ``{kind: count}``; hypothesis stops a kind early when it has no more distinct examples."""
+    from fuzz_crafted import KINDS
+
+    counts = per_kind if isinstance(per_kind, dict) else {kind: per_kind for kind in KINDS}
+    client = httpx.Client(timeout=REQUEST_TIMEOUT_S)
+    try:
+        for kind, n in counts.items():
+            @settings(max_examples=n, deadline=None, database=None, derandomize=True, print_blob=True,
+                      suppress_health_check=list(HealthCheck))
+            @given(KINDS[kind](target))
+            def one(case: Case) -> None:
+                status, problems = send(client, target.url, case)
+                tally.add("crafted", status, kind)
+                if problems:
+                    request = f"{case.method} {case.path} {case.headers} {case.body[:200]!r}"
+                    tally.violations.append({"route": "crafted", "kind": kind, "status": status, "problems": problems,
+                                             "request": request})
+                    assert not (strict and problems), (problems, case)
+
+            one()
     finally:
         client.close()
 
@@ -173,7 +260,10 @@ def run_all(target: Target, total: int, *, strict: bool, on_route: Optional[Call
     before = greedy_probe(target.url)
     tally, t0 = Tally(), time.monotonic()
     for route, n in examples_per_route(total).items():
-        fuzz_route(target, route, n, tally, strict=strict)
+        if route == "crafted":  # kind by kind, so that every kind gets its share
+            fuzz_kinds(target, crafted_split(n), tally, strict=strict)
+        else:
+            fuzz_route(target, route, n, tally, strict=strict)
         if on_route is not None:
             on_route({**tally.summary(), "routes_done": sorted(tally.statuses), "complete": False,
                       "wall_s": round(time.monotonic() - t0, 1)})
@@ -200,6 +290,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from sglang_specopd.app.results import write_result
     from sglang_specopd.wire.drafter_init import init_drafter
 
+    os.environ.update(SERVER_ENV)  # read by the server's HTTP process at launch
     with tempfile.TemporaryDirectory() as tmp:
         target_dir = make_tiny_target(Path(tmp) / "llama", seed=0)
         drafter_dir = Path(tmp) / "drafter"
@@ -215,7 +306,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     save(result)
     result["examples_requested"] = args.examples
     print(json.dumps({k: v for k, v in result.items() if k != "first_violations"}, indent=1))
-    return 0 if result["status_5xx"] == 0 and result["probe_identical"] and not result["violations"] else 1
+    clean = result["status_5xx"] == 0 and result["connection_resets"] == 0 and result["timeouts"] == 0
+    return 0 if clean and result["probe_identical"] and not result["violations"] else 1
 
 
 def fuzz_launch_spec(spec):

@@ -2,7 +2,10 @@
 
 One strategy per route (:data:`STRATEGIES`), each drawing :class:`Case` requests around a :class:`Target` (the
 running server's vocabulary and serving drafter): near-valid bodies with wrong types, huge/negative ints, bad
-safetensors, random dtypes/shapes/names/headers mixed in.
+safetensors, random dtypes/shapes/names/headers mixed in; and ``crafted``: the hostile kinds of
+``benchmarks/fuzz_crafted.py`` (deep nesting, huge and negative integers, NaN / Infinity, duplicate keys, truncated
+bodies, wrong content types, slow and stalled bodies, early answers to ``Connection: close`` uploads) against every
+route the plugin adds. ``Case.meta["kind"]`` names a crafted case's kind (the others count under their route).
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from sglang_specopd.wire.protocol import (
 
 ADMIN_KEY = "fuzz-admin"
 # share of the examples per route (generation and swaps cost the most server time per example)
-WEIGHTS = {"score_trees_json": 0.2, "score_trees_binary": 0.2, "swap": 0.2, "swap_no_key": 0.05,
-           "prefix_cache": 0.1, "generate": 0.25}
+WEIGHTS = {"score_trees_json": 0.17, "score_trees_binary": 0.17, "swap": 0.17, "swap_no_key": 0.04,
+           "prefix_cache": 0.08, "generate": 0.22, "crafted": 0.15}
 HUGE = [-2**63 - 1, -2**63, -1, 2**31, 2**63 - 1, 2**63, 2**64, 10**30]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2,
           torch.int64, torch.int32, torch.uint8, torch.bool]
@@ -256,5 +259,12 @@ def generate(t: Target):
     return st.one_of(st.builds(native, prompt, params, n), st.builds(openai, prompt, params, n))
 
 
+def crafted(t: Target):
+    """The crafted hostile kinds (``benchmarks/fuzz_crafted.py``)."""
+    from fuzz_crafted import crafted as crafted_cases
+
+    return crafted_cases(t)
+
+
 STRATEGIES = {"score_trees_json": score_trees_json, "score_trees_binary": score_trees_binary, "swap": swap,
-              "swap_no_key": swap_no_key, "prefix_cache": prefix_cache, "generate": generate}
+              "swap_no_key": swap_no_key, "prefix_cache": prefix_cache, "generate": generate, "crafted": crafted}
