@@ -137,13 +137,21 @@ def test_fuzz_cases_are_invalid_and_replies_checked():
         case = fuzz.make_case(rng)
         kinds.add(case.kind)
         assert case.body
-        if case.path == SCORE_TREES_PATH and case.kind != "score_trees_bad_values":
+        if case.kind == "score_trees_small_valid":  # the one valid kind: its queue wait is measured
+            assert ScoreTreesRequest.model_validate_json(case.body).references[0].input_ids == [1, 2, 3, 4]
+        elif case.path == SCORE_TREES_PATH and case.kind not in ("score_trees_bad_values",
+                                                                  "score_trees_nan_or_duplicate"):
             with pytest.raises((ValueError, ValidationError)):  # never a request the server could accept
                 if case.content_type == fuzz.JSON_TYPE:
                     ScoreTreesRequest.model_validate_json(case.body)
                 else:
                     request_from_binary(case.body)
-    assert len(kinds) == 11
+        elif case.kind in ("score_trees_deep_nesting", "swap_deep_nesting", "score_trees_nan_or_duplicate"):
+            from sglang_specopd.wire.strict_json import JSONBodyError, loads
+
+            with pytest.raises(JSONBodyError):  # refused by the server's strict JSON parse
+                loads(case.body)
+    assert len(kinds) == 15
     m = fuzz.response_malformed
     assert not m(SCORE_TREES_PATH, 400, "application/json", b'{"error": {"code": 400, "message": "bad"}}')
     assert not m("/specopd/drafter/swap", 401, "application/json", b'{"error": "Unauthorized"}')
@@ -154,6 +162,18 @@ def test_fuzz_cases_are_invalid_and_replies_checked():
     assert not m("/generate", 200, "application/json", b'{"text": "hi", "output_ids": [1]}')
     with pytest.raises(ValueError):
         fuzz.Fuzzer("http://x", "k", 0, lambda k, b: None)
+
+
+def test_queue_wait_summary():
+    waits = [(1.0, 0.0, 200), (2.0, 0.5, 200), (3.0, 2.0, 200), (4.0, 10.0, 429), (50.0, 99.0, 200)]
+    s = stats.queue_wait_summary(waits, 0.0, 10.0)
+    assert s["score_queue_waits"] == 4 and s["score_queue_429"] == 1 and s["score_queue_wait_max_s"] == 10.0
+    assert s["score_queue_wait_p50_s"] == pytest.approx(1.25)
+    assert s["score_queue_wait_p99_s"] == pytest.approx(2.0 + 0.97 * 8.0)
+    empty = stats.queue_wait_summary([], 0.0, 10.0)
+    assert empty["score_queue_wait_p99_s"] is None and empty["score_queue_waits"] == 0
+    assert proxy.queue_wait_of("0.125") == 0.125
+    assert [proxy.queue_wait_of(v) for v in (None, "x", "-1", "inf", "nan")] == [None] * 5
 
 
 def test_proxy_reply_checks_and_forwarding():
@@ -180,6 +200,8 @@ def test_proxy_reply_checks_and_forwarding():
             status = 200 if self.path == SWAP_DRAFTER_PATH else 503
             out = json.dumps({"version": body.decode(), "auth": self.headers.get("Authorization")}).encode()
             self.send_response(status)
+            if self.path == SCORE_TREES_PATH:
+                self.send_header("X-SpecOPD-Queue-Wait-S", "1.500")
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(out)))
             self.end_headers()
@@ -204,6 +226,7 @@ def test_proxy_reply_checks_and_forwarding():
         up.server_close()
     assert seen == [(None, False), ("503", False)]
     assert p.swap_times_s == [1.0] and p.first_score_s == 2.0
+    assert p.score_waits == [(3.0, 1.5, 503)]
 
 
 def test_trainer_command_and_metrics(tmp_path: Path):

@@ -2,20 +2,25 @@
 
 Every case is something a server must refuse with a 4xx and a parseable reason, never a 5xx, a hang or a crash:
 random JSON junk, non-UTF-8 bytes, truncated binary (safetensors) bodies, wrong keys and wrong types, token ids
-outside the vocabulary (score_trees only: SGLang's own /generate does not check input ids), swaps of garbage or
-of a missing directory (with the admin key, so the plugin's validation runs) and a swap without the key. None of
-them can change the serving drafter: they are invalid by construction.
+outside the vocabulary (score_trees only: SGLang's own /generate does not check input ids), deeply nested JSON,
+NaN and duplicate keys, swaps of garbage or of a missing directory (with the admin key, so the plugin's validation
+runs) and a swap without the key. None of them can change the serving drafter: they are invalid by construction.
+One kind is valid on purpose: a small score_trees request (``score_trees_small_valid``), whose queue wait the
+server reports (``X-SpecOPD-Queue-Wait-S``, kept in :attr:`Fuzzer.score_waits`): a small request sent while the
+trainer's are scored must get a timely answer or a 429, never a silent wait.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from sglang_specopd.wire.protocol import BINARY_CONTENT_TYPE, SCORE_TREES_PATH, SWAP_DRAFTER_PATH
+from sglang_specopd.wire.protocol import BINARY_CONTENT_TYPE, QUEUE_WAIT_HEADER, SCORE_TREES_PATH, SWAP_DRAFTER_PATH
 
+from .proxy import queue_wait_of
 from .stats import status_key
 from .worker import Background
 
@@ -115,6 +120,15 @@ def make_case(rng: random.Random) -> FuzzCase:
             {"text": "hi", "sampling_params": {"top_p": 7.0, "max_new_tokens": 4}},
             {"sampling_params": {"max_new_tokens": 4}}])))),
         ("generate_not_json", lambda: FuzzCase("generate_not_json", "/generate", b"{\"text\": \"hi\", ")),
+        ("score_trees_deep_nesting", lambda: FuzzCase("score_trees_deep_nesting", SCORE_TREES_PATH,
+                                                      rng.choice([b"[", b'{"a": ']) * rng.randint(1000, 20000))),
+        ("score_trees_nan_or_duplicate", lambda: FuzzCase("score_trees_nan_or_duplicate", SCORE_TREES_PATH,
+                                                          j(_valid_shape(rng))[:-1] + rng.choice(
+                                                              [b', "top_k": NaN}', b', "block_size": 8}']))),
+        ("swap_deep_nesting", lambda: FuzzCase("swap_deep_nesting", SWAP_DRAFTER_PATH,
+                                               b'{"path": ' + b'{"a": ' * rng.randint(1000, 20000), admin=True)),
+        ("score_trees_small_valid", lambda: FuzzCase("score_trees_small_valid", SCORE_TREES_PATH,
+                                                     j(_valid_shape(rng)))),
     ]
     return rng.choice(kinds)[1]()
 
@@ -127,7 +141,7 @@ def response_malformed(path: str, status: int, content_type: str, body: bytes) -
     ``detail``, ``message`` (errors) or ``text`` / ``output_ids`` (a 200 from /generate).
     """
     if status == 200 and content_type.startswith(BINARY_CONTENT_TYPE):
-        return False  # a scored reply; a fuzz case never gets one, and an error is counted by its status
+        return False  # a scored reply (score_trees_small_valid); an error is counted by its status
     try:
         obj = json.loads(body)
     except ValueError:
@@ -150,12 +164,14 @@ class Fuzzer(Background):
     """
 
     def __init__(self, url: str, admin_key: str, rate: float, record: Callable[[Optional[str], bool], None],
-                 seed: int = 0, timeout_s: float = 60.0):
+                 seed: int = 0, timeout_s: float = 60.0, clock: Optional[Callable[[], float]] = None):
         if rate <= 0:
             raise ValueError(f"fuzz rate must be > 0 requests/s, got {rate}")
         self.url, self.admin_key, self.rate, self.record = url.rstrip("/"), admin_key, rate, record
         self.rng, self.timeout_s = random.Random(seed), timeout_s
         self.statuses: Dict[str, Dict[str, int]] = {}
+        self.clock: Callable[[], float] = clock or time.perf_counter
+        self.score_waits: List[Tuple[float, float, int]] = []  # (clock time, queue wait s, status) of score_trees
         super().__init__("soak-fuzzer", join_s=timeout_s + 5)
 
     def _run(self) -> None:
@@ -176,6 +192,9 @@ class Fuzzer(Background):
                 else:
                     key, status = status_key(r.status_code), str(r.status_code)
                     bad = response_malformed(case.path, r.status_code, r.headers.get("content-type", ""), r.content)
+                    wait = queue_wait_of(r.headers.get(QUEUE_WAIT_HEADER))
+                    if case.path == SCORE_TREES_PATH and wait is not None:
+                        self.score_waits.append((self.clock(), wait, r.status_code))
                 per_kind = self.statuses.setdefault(case.kind, {})
                 per_kind[status] = per_kind.get(status, 0) + 1
                 self.record(key, bad)

@@ -6,7 +6,8 @@ each request unchanged (method, path, body, content type, authorization), waits 
 back, counting per reply: the error key (status >= 400, or ``"connection"`` when the server could not be
 reached: the trainer then gets a 502 from the proxy, which is not a server 5xx), malformed replies (a 200
 score_trees reply that is not a safetensors payload, a 200 JSON reply that does not parse), the time of the first
-score_trees call (the trainer's first training step) and the successful drafter swaps.
+score_trees call (the trainer's first training step), the successful drafter swaps, and each score_trees reply's
+queue wait (the server's ``X-SpecOPD-Queue-Wait-S`` header: how long the request waited for its turn).
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 from urllib.parse import urlsplit
 
-from sglang_specopd.wire.protocol import BINARY_CONTENT_TYPE, SCORE_TREES_PATH, SWAP_DRAFTER_PATH
+from sglang_specopd.wire.protocol import BINARY_CONTENT_TYPE, QUEUE_WAIT_HEADER, SCORE_TREES_PATH, SWAP_DRAFTER_PATH
 
 from .stats import status_key
 
@@ -63,6 +64,7 @@ class CountingProxy:
         self.record, self.clock, self.timeout_s = record, clock, timeout_s
         self.first_score_s: Optional[float] = None
         self.swap_times_s: List[float] = []
+        self.score_waits: List[Tuple[float, float, int]] = []  # (time on the soak clock, queue wait s, status)
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -98,6 +100,10 @@ class CountingProxy:
         finally:
             conn.close()
         self.record(status_key(resp.status), reply_malformed(path.split("?")[0], resp.status, ctype, data))
+        wait = queue_wait_of(resp.getheader(QUEUE_WAIT_HEADER)) if path.startswith(SCORE_TREES_PATH) else None
+        if wait is not None:
+            with self._lock:
+                self.score_waits.append((self.clock(), wait, resp.status))
         if resp.status == 200 and path.startswith(SWAP_DRAFTER_PATH):
             with self._lock:
                 self.swap_times_s.append(self.clock())
@@ -126,6 +132,15 @@ class CountingProxy:
                 pass
 
         return Handler
+
+
+def queue_wait_of(value: Optional[str]) -> Optional[float]:
+    """The seconds in a ``X-SpecOPD-Queue-Wait-S`` header value; None when absent or not a finite number >= 0."""
+    try:
+        wait = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return wait if wait is not None and 0 <= wait < float("inf") else None
 
 
 def monotonic_clock(origin: float) -> Callable[[], float]:

@@ -20,7 +20,8 @@ from .fuzz import Fuzzer
 from .procs import (LoadStreams, RssSampler, greedy_probes, pin_session, start_trainer, stop_trainer,
                     trainer_command, trainer_metrics, wait_until)
 from .proxy import CountingProxy, monotonic_clock
-from .stats import Tally, assemble_result, count_5xx, in_window, latency_summary, merge_errors, rss_growth_fraction
+from .stats import (Tally, assemble_result, count_5xx, in_window, latency_summary, merge_errors, queue_wait_summary,
+                    rss_growth_fraction)
 
 DOMAINS = ["dialogue", "coding", "math", "agentic"]
 ADMIN_KEY = "specopd-soak-admin"
@@ -139,7 +140,8 @@ def run_soak(args, cfg, budget: int, cores) -> Dict[str, Any]:
         info0 = drafter_info(server.url)
         with CountingProxy(server.url, lambda k, m: tally.add("trainer", k, m), clock) as proxy:
             rss = RssSampler(server.proc.pid, clock).start()
-            fuzzer = Fuzzer(server.url, ADMIN_KEY, args.fuzz_rate, lambda k, m: tally.add("fuzzer", k, m)).start()
+            fuzzer = Fuzzer(server.url, ADMIN_KEY, args.fuzz_rate, lambda k, m: tally.add("fuzzer", k, m),
+                            clock=clock).start()
             load = LoadStreams(server.url, prompts, params, args.streams, clock,
                                lambda k, m: tally.add("load", k, m)).start()
             tick = ticker(lambda: phase[0], clock, tally, proxy, load, rss, lambda: run_dir / "train")
@@ -162,7 +164,10 @@ def run_soak(args, cfg, budget: int, cores) -> Dict[str, Any]:
     phases = {"idle": latency_summary(in_window(load.records, t_idle0, t_idle1)),
               "training": latency_summary(in_window(load.records, train0, trainer["end_s"]))}
     warmup = min(args.rss_warmup_s, (trainer["end_s"] - train0) / 3)
+    waits = score_waits(proxy, fuzzer, train0, trainer["end_s"])
     extra = {
+        **waits["all"], "score_queue_wait_by_source": {k: v for k, v in waits.items() if k != "all"},
+        "score_queue_wait_limit_s": cfg.score_trees_queue_wait_s,
         "minutes_requested": args.minutes, "idle_minutes": idle_min, "rss_warmup_s": warmup,
         "load_warmup_s": args.load_warmup_s,
         "notes": ["every trainer start sends one empty swap body to check its admin key: one expected trainer 400",
@@ -187,6 +192,16 @@ def run_soak(args, cfg, budget: int, cores) -> Dict[str, Any]:
         scoring_budget=budget, extra=extra)
 
 
+def score_waits(proxy: CountingProxy, fuzzer: Optional[Fuzzer], start_s: float, end_s: float) -> Dict[str, Any]:
+    """Queue-wait summaries (:func:`~soak.stats.queue_wait_summary`) of the score_trees replies in the window:
+    ``all``, ``trainer`` (through the proxy) and ``fuzzer`` (its small valid requests)."""
+    trainer = list(proxy.score_waits)
+    mine = list(fuzzer.score_waits) if fuzzer is not None else []
+    return {"all": queue_wait_summary(trainer + mine, start_s, end_s),
+            "trainer": queue_wait_summary(trainer, start_s, end_s),
+            "fuzzer": queue_wait_summary(mine, start_s, end_s)}
+
+
 def run_curve(args, cfg, budget: int, cores) -> Dict[str, Any]:
     """One trade-off point: a fresh server with ``budget``, load + trainer for ``--curve-minutes``; serving
     latency over the trainer's training window and the trainer's supervised tokens/s."""
@@ -206,6 +221,7 @@ def run_curve(args, cfg, budget: int, cores) -> Dict[str, Any]:
     summary = latency_summary(in_window(load.records, start, trainer["end_s"]))
     errors = tally.snapshot()["errors"]
     return {"budget": budget, "minutes": args.curve_minutes, **summary,
+            **score_waits(proxy, None, start, trainer["end_s"])["trainer"],
             "supervised_tokens_per_s": trainer["supervised_tokens_per_s"], "steps": trainer["steps"],
             "trainer_exit_code": trainer["exit_code"], "errors_by_source": errors,
             "errors_5xx": count_5xx(merge_errors(errors))}

@@ -117,6 +117,18 @@ def rss_growth_fraction(samples: Sequence[Sequence[float]], start_s: float, end_
     return max(after + [ref]) / ref - 1.0
 
 
+def queue_wait_summary(waits: Iterable[Sequence[float]], start_s: float, end_s: float) -> Dict[str, Any]:
+    """score_trees queue waits answered in ``[start_s, end_s]``: ``waits`` holds ``(t_s, wait_s, status)`` per
+    reply carrying the server's queue-wait header (200s, and 429s of requests that waited). Keys:
+    ``score_queue_wait_p50_s`` / ``_p99_s`` / ``_max_s`` (None without replies), ``score_queue_waits`` (how
+    many) and ``score_queue_429`` (how many of them were turned away: the wait bound)."""
+    inside = [(float(w), int(st)) for t, w, st in waits if start_s <= t <= end_s]
+    values = [w for w, _ in inside]
+    return {"score_queue_wait_p50_s": percentile(values, 50), "score_queue_wait_p99_s": percentile(values, 99),
+            "score_queue_wait_max_s": max(values) if values else None, "score_queue_waits": len(values),
+            "score_queue_429": sum(1 for _, st in inside if st == 429)}
+
+
 def merge_errors(by_source: Mapping[str, Mapping[str, int]]) -> Dict[str, int]:
     """Sum the per-source error tallies into one ``{key: count}`` (keys sorted)."""
     total: Counter = Counter()
