@@ -255,3 +255,21 @@ def test_zlab_layout_pushed_and_served(tiny_admin_server, tiny_drafter: Path, tm
     res = run(app, ["drafter", "push", str(spec_dir), "--server", "http://127.0.0.1:9", "--admin-key", "k"])
     assert res.exit_code == 2 and res.stderr.strip() == (
         f"error: Unrecognized model in {spec_dir}. Should have a `model_type` key in its config.json.")
+
+
+def test_specopd_serve_validates_published_layouts(qwen_target: Path, drafters: dict[str, Path]) -> None:
+    """``specopd serve``'s own validation (``launch_spec``, as before every real launch) takes a SpecForge export
+    (no dflash_config: block size, layers and mask token all SGLang's defaults) for the tiny Qwen3 target and builds
+    its launch; the refused DSpark export fails with SGLang's reason before anything starts."""
+    from sglang_specopd.app.config import ServeConfig
+    from sglang_specopd.app.launch import free_port
+    from sglang_specopd.app.serve import DrafterInvalidError, launch_spec
+
+    cfg = ServeConfig(name="tiny-published", target=str(qwen_target), drafter=str(drafters["specforge_dflash"]),
+                      block_size=16, device="cpu", dtype="float32", attention_backend="torch_native")
+    argv = launch_spec(cfg, port=free_port()).argv()
+    assert argv[argv.index("--speculative-algorithm") + 1] == "SPECOPD"
+    assert argv[argv.index("--served-model-name") + 1] == "qwen3"
+    with pytest.raises(DrafterInvalidError, match=r"DSpark requires markov_rank > 0 \(the Markov head"):
+        launch_spec(cfg.model_copy(update={"drafter": str(drafters["specforge_dspark"]), "block_size": 17}),
+                    port=free_port())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -159,8 +160,9 @@ def test_cpu_configs_build_the_cpu_launch_flags(tiny_target: Path, tiny_drafter:
 def test_gpu_hybrid_gdn_config_takes_the_gpu_path(tiny_target: Path, tiny_drafter: Path) -> None:
     """``gpu-qwen3-next-gdn`` (issue 21 part 5): the SPECOPD worker on a hybrid Gated DeltaNet target with SGLang's
     own GPU kernels; none of the CPU adaptations (CPU engine, ``sgl_kernel`` stand-in, torch_native backends, fp32
-    conv windows); ``/specopd/score_trees`` replays GDN states with the Triton tree kernel on CUDA tensors (the torch
-    replay only on CPU ones); still marked unverified, since no GPU with SGLang has run it."""
+    conv windows); ``/specopd/score_trees`` replays GDN states with the torch replay on CUDA tensors until the GPU
+    acceptance run verifies the Triton tree kernel (``specopd_kernels.verified``; ``SPECOPD_GDN_REPLAY=triton``
+    forces it), and on CPU ones; still marked unverified, since no GPU with SGLang has run it."""
     import torch
 
     from sglang_specopd.app.launch import free_port, server_env
@@ -184,5 +186,13 @@ def test_gpu_hybrid_gdn_config_takes_the_gpu_path(tiny_target: Path, tiny_drafte
     env = server_env(spec.device, base={"PYTHONPATH": "/x"})
     assert "SGLANG_USE_CPU_ENGINE" not in env and "SGLANG_MAMBA_CONV_DTYPE" not in env
     assert str(STANDIN_DIR) not in env["PYTHONPATH"]
-    assert gdn_tree_replay_fn(torch.device("cuda")) is gdn_tree_replay_triton
+    from specopd_kernels import verified
+
+    if not verified.is_verified("gdn_replay_triton")[0]:
+        assert gdn_tree_replay_fn(torch.device("cuda")) is gdn_tree_replay
+    os.environ["SPECOPD_GDN_REPLAY"] = "triton"
+    try:
+        assert gdn_tree_replay_fn(torch.device("cuda")) is gdn_tree_replay_triton
+    finally:
+        del os.environ["SPECOPD_GDN_REPLAY"]
     assert gdn_tree_replay_fn(torch.device("cpu")) is gdn_tree_replay

@@ -22,13 +22,22 @@ def serve(
     sglang_arg: List[str] = typer.Option([], "--sglang-arg", help="Extra SGLang flag, repeatable: --sglang-arg=--log-level=debug"),
     log_file: Optional[Path] = typer.Option(None, "--log-file", help="SGLang's log (default: a temp file)."),
     timeout: float = typer.Option(900.0, "--timeout", help="Seconds to wait for the server to become healthy."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Check the config without the weights and a GPU, print "
+                                                          "the exact SGLang command, start nothing."),
+    target_config: Optional[str] = typer.Option(None, "--target-config", help="With --dry-run: a directory with the "
+                                                "target's config.json (and tokenizer.json) when the target is not here."),
+    drafter_config: Optional[str] = typer.Option(None, "--drafter-config", help="With --dry-run: a directory with "
+                                                 "the drafter's config.json when the drafter is not here."),
 ) -> None:
     """Start a real SGLang server (SPECOPD drafter per the config; SPECOPD_DSPARK for a DSpark drafter) and keep it
-    running until interrupted."""
+    running until interrupted; with --dry-run, only check the config and print the command."""
     from sglang_specopd.app.config import ConfigError, ServeConfig
     from sglang_specopd.app.launch import SGLangServer, ServeError
     from sglang_specopd.app.serve import choose_drafter, config_path, launch_spec
 
+    if dry_run:
+        _dry_run(config, host, port, api_key, admin_api_key, drafter, sglang_arg, target_config, drafter_config)
+        return
     try:
         cfg = ServeConfig.load(config_path(config))
         spec = launch_spec(cfg, host=host, port=port, api_key=api_key, admin_api_key=admin_api_key,
@@ -57,3 +66,24 @@ def serve(
         typer.echo("stopping SGLang", err=True)
     finally:
         server.stop()
+
+
+def _dry_run(config, host, port, api_key, admin_api_key, drafter, sglang_arg, target_config, drafter_config) -> None:
+    """``--dry-run``: ``ok:`` / ``note:`` / ``error:`` lines on stderr, the command on stdout; exit 2 on an error."""
+    from sglang_specopd.app.config import ConfigError, ServeConfig
+    from sglang_specopd.app.serve import config_path
+    from sglang_specopd.app.serve_dry_run import dry_run
+
+    try:
+        cfg = ServeConfig.load(config_path(config))
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2)
+    res = dry_run(cfg, host=host, port=port, api_key=api_key, admin_api_key=admin_api_key, drafter=drafter,
+                  extra_args=sglang_arg, target_config=target_config, drafter_config=drafter_config)
+    for kind, lines in (("ok", res.ok), ("note", res.notes), ("error", res.problems)):
+        for line in lines:
+            typer.echo(f"{kind}: {line}", err=True)
+    typer.echo(res.command)
+    if res.problems:
+        raise typer.Exit(code=2)

@@ -43,7 +43,7 @@ class DrafterCheckError(Exception):
         super().__init__(f"drafter {self.drafter_dir} failed {len(self.problems)} check(s):\n{lines}")
 
 
-def _target_problems(spec: Any, facts: Mapping[str, Any], info: TargetInfo) -> list[Problem]:
+def target_problems(spec: Any, facts: Mapping[str, Any], info: TargetInfo) -> list[Problem]:
     """Problems of a parsed drafter against the target that SGLang does not catch at launch but that break
     serving. ``facts``: the entry's ``target_facts`` of the resolved config. A hidden size other than the
     target's (``fc`` takes K x the target's features); a vocabulary other than the target's, except for plain
@@ -65,7 +65,7 @@ def _target_problems(spec: Any, facts: Mapping[str, Any], info: TargetInfo) -> l
     return out
 
 
-def _tensor_problems(spec: Any, drafter_dir: Path) -> list[Problem]:
+def tensor_problems(spec: Any, drafter_dir: Path) -> list[Problem]:
     files = sorted(drafter_dir.glob("*.safetensors"))
     if not files:
         return [Problem("weights_missing", f"no *.safetensors file in {drafter_dir}")]
@@ -152,9 +152,9 @@ def check_drafter_report(drafter_dir: str | os.PathLike[str], target_dir: str | 
         problems += [Problem(code, msg) for code, msg in exc.problems
                      if code != "needs_target" or facts is None and not problems]
     if info is not None and spec is not None:
-        problems += _target_problems(spec, arch_for_spec(spec).target_facts(resolved), info)
+        problems += target_problems(spec, arch_for_spec(spec).target_facts(resolved), info)
     if spec is not None:
-        problems += _tensor_problems(spec, d)
+        problems += tensor_problems(spec, d)
     unique: dict[tuple[str, str], Problem] = {}
     for p in problems:
         unique.setdefault((p.code, p.message), p)

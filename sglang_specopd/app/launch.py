@@ -93,6 +93,7 @@ class LaunchSpec:
     score_queue_wait_s: float = 10.0
     traffic_spool_mb: float = 0  # live-traffic spool (sglang_specopd.server.traffic); 0 = off
     traffic_features_mb: float = 0  # context features captured while serving (server.traffic_features); 0 = off
+    served_model_name: Optional[str] = None  # the model id the OpenAI API reports (default: SGLang's, the path)
     extra_args: List[str] = field(default_factory=list)
 
     def score_settings(self):
@@ -107,6 +108,8 @@ class LaunchSpec:
         """The ``python -m sglang.launch_server ...`` command line."""
         a = [sys.executable, "-m", "sglang.launch_server", "--model-path", self.model_path,
              "--host", self.host, "--port", str(self.port), "--device", self.device, "--dtype", self.dtype]
+        if self.served_model_name:
+            a += ["--served-model-name", self.served_model_name]
         if self.drafter_path and self.speculative_algorithm:
             a += ["--speculative-algorithm", self.speculative_algorithm,
                   "--speculative-draft-model-path", self.drafter_path]

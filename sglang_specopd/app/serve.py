@@ -72,9 +72,13 @@ def serving_algorithm(drafter: Path, algorithm: str) -> str:
         DrafterInvalidError: ``algorithm`` cannot serve the drafter's architecture (DFLASH / SPECOPD_DSPARK with a
             DSpark / DFlash drafter, DSPARK with a DFlash one), naming what does.
     """
-    from sglang_specopd.wire.drafter_archs import arch_for_spec, load_drafter_spec
+    from sglang_specopd.wire.drafter_archs import UnknownDrafterArchError, arch_for_config
+    from sglang_specopd.wire.drafter_format import read_drafter_config
 
-    arch = arch_for_spec(load_drafter_spec(drafter))
+    try:  # the architecture alone decides (a config SGLang resolves against the target is checked elsewhere)
+        arch = arch_for_config(read_drafter_config(drafter))
+    except (UnknownDrafterArchError, ValueError) as exc:
+        raise DrafterInvalidError(f"drafter {drafter}: {exc}") from None
     algorithm = algorithm.upper()
     plugin = PLUGIN_ALGORITHMS.get(arch.speculative_algorithm)
     if algorithm == "SPECOPD" and plugin is not None:
@@ -111,7 +115,8 @@ def launch_spec(cfg: ServeConfig, *, host: str = "127.0.0.1", port: int = 30000,
     drafter_dir = resolve_drafter(cfg, target)
     check_port_free(host, port)
     return LaunchSpec(
-        model_path=str(target), host=host, port=port, device=cfg.device, dtype=resolve_dtype(cfg.device, cfg.dtype),
+        model_path=str(target), served_model_name=target.name, host=host, port=port, device=cfg.device,
+        dtype=resolve_dtype(cfg.device, cfg.dtype),
         drafter_path=str(drafter_dir) if drafter_dir else None,
         speculative_algorithm=serving_algorithm(drafter_dir, cfg.speculative_algorithm) if drafter_dir else None,
         block_size=cfg.block_size, attention_backend=cfg.attention_backend, max_total_tokens=cfg.max_total_tokens,

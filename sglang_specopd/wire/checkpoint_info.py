@@ -109,6 +109,9 @@ def read_tokenizer_vocab(target_dir: str | os.PathLike[str]) -> dict[str, int]:
         for added in data.get("added_tokens") or []:
             out[added.get("content")] = int(added["id"])
         return out
+    files = ("tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model")
+    if not any((Path(target_dir) / f).is_file() for f in files):  # transformers would build an empty one
+        raise ValueError(f"no tokenizer in {target_dir} (none of tokenizer.json, {', '.join(files)})")
     try:
         from transformers import AutoTokenizer
 

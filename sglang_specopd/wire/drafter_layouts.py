@@ -43,12 +43,12 @@ _V2 = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k",
 class TargetFacts:
     """What SGLang takes from the target when it resolves a drafter: layer count, LM-head vocabulary (embedding
     rows), ``lookup(token) -> id | None`` over the target tokenizer, and ``tokenizer_len`` (the id the tokenizer
-    gives a token SGLang adds to it)."""
+    gives a token SGLang adds to it; None when only the target's config.json is known)."""
 
     num_hidden_layers: int
     vocab_size: int
     lookup: Callable[[str], Optional[int]]
-    tokenizer_len: int
+    tokenizer_len: Optional[int]  # None: no tokenizer here (a config-only target); lookup then answers None
 
 
 @dataclass(frozen=True)
@@ -137,9 +137,12 @@ def canonical_config(cfg: Any, target: Optional[TargetFacts] = None, path: str =
         used["gamma"] = f"{block} drafted tokens, verify block {block + 1} ({_where(cfg, 'block_size', 'default 7')})"
         how = _where(cfg, "mask_token_id", "")
     else:
+        if target is not None and parsed.mask_token_id is None and target.tokenizer_len is None:
+            raise DrafterConfigError([("needs_target", "config.json has no dflash_config.mask_token_id: SGLang "
+                                                       "takes it from the target tokenizer at launch (none here)")])
         if target is not None:
             token_id = resolve_mask_token_id(parsed.mask_token, parsed.mask_token_id, target.vocab_size,
-                                             target.lookup, target.tokenizer_len)
+                                             target.lookup, target.tokenizer_len or 0)
         elif parsed.mask_token_id is None:
             raise _needs_target("dflash_config.mask_token_id")
         else:
