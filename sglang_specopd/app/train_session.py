@@ -97,8 +97,12 @@ class _Session:
             r = probe._request("GET", DRAFTER_ADMIN_INFO_PATH, headers={"Authorization": f"Bearer {self.admin_key}"})
             return r.json().get("path")
         except ServerRequestError as exc:
-            raise _TrainFail(f"GET {DRAFTER_ADMIN_INFO_PATH} refused (HTTP {exc.status}: {exc.reason}): pass the "
-                             "server's --admin-api-key as --admin-key, or --init DRAFTER_DIR") from None
+            if exc.status in (401, 403):  # the same words as the push check's (the key is wrong either way)
+                raise _TrainFail(f"push refused: the server rejected the admin key (HTTP {exc.status}: {exc.reason} "
+                                 f"on GET {DRAFTER_ADMIN_INFO_PATH}); pass its --admin-api-key as --admin-key or "
+                                 f"{ADMIN_KEY_ENV}", 1) from None
+            raise _TrainFail(f"GET {DRAFTER_ADMIN_INFO_PATH} failed (HTTP {exc.status}: {exc.reason}); pass "
+                             "--init DRAFTER_DIR", 1) from None
         except (ServerUnavailableError, ValueError) as exc:
             raise _TrainFail(f"GET {DRAFTER_ADMIN_INFO_PATH} on {self.url} failed: {exc}", 1) from None
         finally:
