@@ -62,9 +62,10 @@ def _serving(name: str, data: Mapping[str, Any]) -> List[str]:
     speed = " / ".join(_f(lv["speedup"]["output_tokens_per_s"]) + "x" for lv in levels)
     conc = " / ".join(str(lv.get("concurrency", "?")) for lv in levels)
     tau = _f(_get(data, "acceptance", "mean_acceptance_length"), 3)
+    drafter = str(_get(data, "servers", "specopd", "drafter") or "?")
+    where = " (a drafter in the git-ignored `runs/` folder, not in the repository)" if drafter.startswith("runs/") else ""
     return [f"- **Serving speed-up** (`{name}`): SpecOPD vs plain serving output tokens/s {speed} at concurrency "
-            f"{conc} (T={data.get('temperature', '?')}); tau {tau}"
-            f" with drafter `{_get(data, 'servers', 'specopd', 'drafter') or '?'}`."]
+            f"{conc} (T={data.get('temperature', '?')}); tau {tau} with drafter `{drafter}`{where}."]
 
 
 def _serving_reference(name: str, data: Mapping[str, Any]) -> List[str]:
@@ -289,8 +290,8 @@ def results_summary(results: Mapping[str, Mapping[str, Any]], results_dir: str =
              f"git commit, machine and versions); earlier versions of a file are kept in `{results_dir}/history/`. "
              "CPU results come from a small shared CPU machine, so compare methods within one file only.", ""]
     items: List[str] = []
-    for name in sorted(n for n in results if n.startswith("concurrency_")):
-        items += _serving(name, results[name])
+    for name in sorted((n for n in results if n.startswith("concurrency_")), key=lambda n: ("reference" not in n, n)):
+        items += _serving(name, results[name])  # the shipped drafter's serving first
     if "verify_cost_smollm2_cpu.json" in results:
         items += _verify_cost("verify_cost_smollm2_cpu.json", results["verify_cost_smollm2_cpu.json"])
     if "specopd_smollm2_cpu.json" in results:
