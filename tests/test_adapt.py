@@ -333,3 +333,37 @@ def test_adapter_refuses_an_algorithm_without_an_adapt_step(tmp_path):
 
     with pytest.raises(AdaptError, match="cannot learn from traffic"):
         _adapter(FakeSpool(), Pushes(FakeSpool()), tmp_path / "r", algorithm="sequential-opd")
+
+
+def test_a_new_run_can_start_at_the_newest_item(tmp_path):
+    sp = _spool_with_traffic(n=8)
+    ad = _adapter(sp, Pushes(sp), tmp_path / "run", start_at="newest", max_steps=1)
+    assert ad.state.cursor.after == 8 and ad.reader.read() == []
+    sp.add(9, _run_ids(9, 40), 8)
+    assert [it.seq for it in ad.reader.read()] == [9]
+
+
+def test_a_candidate_worse_on_older_traffic_is_not_deployed(tmp_path, monkeypatch):
+    """Better on the newest held-out requests (a new domain) but worse on the older ones (forgetting): kept out."""
+    import specopd_trainer.adapt.loop as loop
+
+    sp = _spool_with_traffic(n=200)  # 50 held out: 48 newest + the older ones
+    pushes = Pushes(sp)
+    ad = _adapter(sp, pushes, tmp_path / "run", max_steps=1, holdout_window=20, holdout_older=20, min_holdout=6)
+    ad.run()
+    recent = {s.id for s in ad.hold_buf.sequences[-20:]}
+
+    def fake_rows(drafter, seqs, cache=None):  # tau 2.0 / 1.2 on recent, 1.0 / 1.5 on older (candidate / deployed)
+        cand = drafter is ad.drafter
+        return [{"id": s.id, "domain": "traffic", "verify_steps": 10,
+                 "completion_tokens": (20 if cand else 12) if s.id in recent else (10 if cand else 15)} for s in seqs]
+
+    monkeypatch.setattr(loop, "walk_rows", fake_rows)
+    v = ad.judge()
+    assert v["ci95"][0] > 0 and v["older"]["ci95"][1] < 0  # better on the newest, worse on the older
+    assert v["deploy"] is False and "worse on older traffic" in v["reason"] and pushes.versions == []
+    monkeypatch.setattr(loop, "walk_rows", lambda d, seqs, cache=None: [
+        {"id": s.id, "domain": "traffic", "verify_steps": 10,
+         "completion_tokens": (20 if d is ad.drafter else 12) if s.id in recent else 15} for s in seqs])
+    v = ad.judge()  # equal on the older traffic: deployed
+    assert v["deploy"] is True and v["older"]["ci95"] == [0.0, 0.0] and len(pushes.versions) == 1

@@ -172,3 +172,25 @@ def test_a_corrupted_spool_item_is_counted_and_skipped(adapt_server, tmp_path):
         out = ad.run()
     assert out["step"] == 3 and out["reader"]["bad_items"].get("truncated", 0) >= 2
     assert out["reader"]["items"] >= 6 and out["train_items"] > 0
+
+
+def test_a_request_can_opt_out_of_the_spool(adapt_server):
+    """``custom_params: {"specopd_spool": false}`` (what held-out measurements send) is served but never kept;
+    another value of that key is a 400 with the reason."""
+    import httpx
+
+    from specopd_trainer.client import SpecOPDClient
+
+    url = adapt_server.url
+    with SpecOPDClient(url, admin_api_key=ADMIN) as c:
+        newest = c.traffic_page(0, None, 1)["stats"]["newest_seq"]
+        body = {"input_ids": _prompts(1, seed=11)[0], "sampling_params": {
+            "max_new_tokens": 8, "temperature": 0, "custom_params": {"specopd_spool": False}}}
+        r = httpx.post(url + "/generate", json=body, timeout=120)
+        assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] >= 1
+        assert c.traffic_page(0, None, 1)["stats"]["newest_seq"] == newest  # served, not kept
+        _send(url, _prompts(1, seed=12), max_new_tokens=8)
+        assert c.traffic_page(0, None, 1)["stats"]["newest_seq"] == newest + 1
+    body["sampling_params"]["custom_params"] = {"specopd_spool": "no"}
+    r = httpx.post(url + "/generate", json=body, timeout=120)
+    assert r.status_code == 400 and "specopd_spool must be true or false" in r.text

@@ -174,35 +174,23 @@ def test_specopd_command_defaults_are_the_validated_recipe(monkeypatch) -> None:
     (["train", "no-such-algo"], "No such command 'no-such-algo'"),
     (["train", "specopd", "--server", "http://fake", "--loss", "nope"], "unknown SpecOPD loss 'nope'"),
     (["train", "specopd", "--server", "http://fake", "--loss", "e2e_tv"], "--root-anchors"),
-    (["main", "--specopd-steps", "0"], "bad option --specopd-steps: Input should be greater than or equal to 1"),
-    (["main", "--eval-limit", "0"], "bad option --eval-limit"),
-    (["main", "--eval-limit", "x"], "'--eval-limit'"),
+    (["main", "--eval-new", "0"], "bad option --eval-new: Input should be greater than or equal to 1"),
+    (["main", "--traffic-minutes", "0"], "bad option --traffic-minutes"),
+    (["main", "--eval-old", "x"], "'--eval-old'"),
 ])
 def test_option_errors_are_one_line(dummy, no_server, args, needle) -> None:
     line = one_error_line(cli(*args))
     assert needle in line, line
 
 
-def test_main_job_output_is_formatted() -> None:
-    from sglang_specopd.app.main_job import describe_pushes, format_timings
-
-    assert describe_pushes([24, 48, 72, 96, 120]) == "redeployed hot 5 times (steps 24, 48, ..., 120)"
-    assert describe_pushes([7]) == "redeployed hot 1 time (step 7)" and describe_pushes([]) == "not redeployed"
-    assert format_timings({"collect_s": 45.4, "sft_s": 361.0, "specopd_s": 610.6}) == \
-        "collect 45 s, sft 361 s, specopd 611 s"
-
-
-def test_main_job_lr_follows_the_start_and_the_change_line_reads_the_interval() -> None:
-    from sglang_specopd.app.main_job import CONVERGED_START_LR, MainJobConfig, describe_change, specopd_lr
+def test_main_job_lines_read_the_intervals_and_never_call_the_start_redeployed() -> None:
+    from sglang_specopd.app.main_job import MainJobConfig
+    from sglang_specopd.app.main_job_report import change_line, deployed_line, format_timings
     from specopd_trainer.intervals import paired_difference
 
-    assert specopd_lr(MainJobConfig(), 1e-3, from_reference=False) == 1e-3
-    assert specopd_lr(MainJobConfig(), 1e-3, from_reference=True) == CONVERGED_START_LR < 1e-3
-    assert specopd_lr(MainJobConfig(specopd_lr=2e-4), 1e-3, from_reference=True) == 2e-4
+    assert format_timings({"server_start_s": 45.4, "eval_before_s": 95.0}) == "server_start 45 s, eval_before 95 s"
     with pytest.raises(ValueError):
-        MainJobConfig(specopd_lr=0)
-    with pytest.raises(ValueError, match="overlaps the training prompts"):
-        MainJobConfig(per_domain=95)  # SFT + SpecOPD prompts [0, 105) would reach the validation prompts 100..
+        MainJobConfig(traffic_minutes=0)
     # 2 prompts per domain (completion tokens / verify steps) 12/8 and 10/10 before, 16/8 and 10/10 after: a domain's
     # tau pools its requests, 22/18 -> 26/18, so the change is +4/18 in each domain and in their mean
     domains = ["a", "b"]
@@ -211,14 +199,12 @@ def test_main_job_lr_follows_the_start_and_the_change_line_reads_the_interval() 
     after = [{**r, "completion_tokens": 16} if r["id"].endswith("0") else r for r in before]
     change = paired_difference(after, before, domains)
     assert change["mean"] == pytest.approx(4 / 18)
-    line = describe_change(change)
-    assert line.startswith("change after SpecOPD: +0.222 [") and "over 4 prompts" in line
-    assert ("inside the noise" in line) == change["inside_noise"]
-    # the deploy rule: a gain keeps the trained drafter, a drop (even inside the noise) restores the start
-    from sglang_specopd.app.main_job import deploy_decision
+    line = change_line("new domains", change)
+    assert line.startswith("new domains (a, b): +0.222 [") and "over 4 prompts" in line
+    assert line.endswith("inside the noise" if change["inside_noise"] else "a gain")
+    kept = {"deployed": "start", "serving_version": "initial", "reason": "no candidate measured better"}
+    assert deployed_line(kept).startswith("deployed: still the shipped drafter (version 'initial')")
+    assert "redeployed" not in deployed_line(kept)
+    took = {"deployed": "adapted", "serving_version": "adapt-x-2", "reason": "candidate interval [+0.1, +0.3]"}
+    assert deployed_line(took) == "deployed: the adapted drafter, version 'adapt-x-2': candidate interval [+0.1, +0.3]"
 
-    assert deploy_decision(change, rollback=True) == "specopd"
-    worse = paired_difference(before, after, domains)
-    assert worse["mean"] == pytest.approx(-4 / 18)
-    assert deploy_decision(worse, rollback=True) == "start" and deploy_decision(worse, rollback=False) == "specopd"
-    assert deploy_decision({**worse, "mean": -1e-9, "inside_noise": True}, rollback=True) == "start"

@@ -117,6 +117,8 @@ def test_sampling_params() -> None:
     from specopd_trainer.evaluate import sampling_params
 
     assert sampling_params(0.0, 32, "a") == {"max_new_tokens": 32, "temperature": 0.0}
+    assert sampling_params(0.0, 32, "a", spool=False) == {"max_new_tokens": 32, "temperature": 0.0,
+                                                          "custom_params": {"specopd_spool": False}}
     t1 = sampling_params(1.0, 32, "a")
     assert (t1["top_p"], t1["top_k"], t1["temperature"]) == (1.0, -1, 1.0)
     assert t1["sampling_seed"] == sampling_params(1.0, 8, "a")["sampling_seed"] != sampling_params(1, 8, "b")[

@@ -1,7 +1,7 @@
 """Which drafter ``specopd demo`` (and ``specopd serve``) serves, and that the demo says so. No server is started.
 
-``specopd main`` saves an SFT drafter as ``$SPECOPD_HOME/drafters/<target>-sft-b<B>`` and the SpecOPD-trained one
-as ``$SPECOPD_HOME/main_job/drafter-specopd``; the demo must serve the newest of those that fits the target and the
+``specopd main`` saves the drafter it adapted to new traffic as ``$SPECOPD_HOME/main_job/drafter-adapted`` (earlier
+versions saved an SFT drafter as ``$SPECOPD_HOME/drafters/<target>-sft-b<B>``); the demo must serve the newest of those that fits the target and the
 config's block size, fall back to the random-init default otherwise, and print the path and the reason.
 """
 
@@ -45,7 +45,7 @@ def _sft(home: Path, target: Path) -> Path:
 
 
 def _specopd(home: Path) -> Path:
-    return home / "main_job" / "drafter-specopd"
+    return home / "main_job" / "drafter-adapted"
 
 
 def test_no_trained_drafter_serves_the_random_default(home: Path, tiny_target: Path) -> None:
@@ -64,7 +64,7 @@ def test_newest_trained_drafter_wins(home: Path, tiny_target: Path, tiny_drafter
     specopd = _place(tiny_drafter, _specopd(home), 2_000_000)
     choice = choose_drafter(cfg, tiny_target, prefer_trained=True)
     assert choice.path == specopd
-    assert "SpecOPD drafter of `specopd main`" in choice.how
+    assert "drafter `specopd main` adapted to new traffic" in choice.how
 
     os.utime(sft / "model.safetensors", (3_000_000, 3_000_000))  # a later SFT is newer than that SpecOPD run
     assert choose_drafter(cfg, tiny_target, prefer_trained=True).path == sft
@@ -133,7 +133,7 @@ def test_demo_serves_and_names_the_trained_drafter(home: Path, tiny_target: Path
     assert result.exit_code == 1, result.output
     assert len(launched) == 1 and launched[0].drafter_path == str(specopd)
     out = result.output
-    assert f"drafter: {specopd} (newest trained drafter: SpecOPD drafter of `specopd main`" in out, out
+    assert f"drafter: {specopd} (newest trained drafter: drafter `specopd main` adapted to new traffic" in out, out
     assert "error: fake server: not started" in out
 
 

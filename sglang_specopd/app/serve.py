@@ -168,12 +168,13 @@ DEFAULT_HOW = "random-init default drafter (no trained drafter found)"
 def trained_drafter_candidates(target_dir: Path, block_size: int) -> List[Tuple[Path, str]]:
     """Where ``specopd main`` leaves trained drafters for ``target_dir``: (directory, label) pairs, may not exist.
 
-    The main job saves its SFT drafter as ``$SPECOPD_HOME/drafters/<target>-sft-b8`` and the SpecOPD-trained one
-    as ``$SPECOPD_HOME/main_job/drafter-specopd`` (see :mod:`sglang_specopd.app.main_job`).
+    The main job saves the drafter it adapted to new traffic and deployed as ``$SPECOPD_HOME/main_job/drafter-adapted``
+    (see :mod:`sglang_specopd.app.main_job`); earlier versions of it saved an SFT drafter as
+    ``$SPECOPD_HOME/drafters/<target>-sft-b8``.
     """
     from sglang_specopd.wire.home import drafters_dir, specopd_home
 
-    return [(specopd_home() / "main_job" / "drafter-specopd", "SpecOPD drafter of `specopd main`"),
+    return [(specopd_home() / "main_job" / "drafter-adapted", "drafter `specopd main` adapted to new traffic"),
             (drafters_dir() / f"{target_dir.name}-sft-b{block_size}", "SFT drafter of `specopd main`")]
 
 

@@ -3,7 +3,10 @@
 :class:`ChatLoad` runs ``streams`` threads; each sends one ``POST /v1/chat/completions`` at a time (not streamed)
 from a shared, cycled list of prompt records (``{"id", "domain", "messages"}``) until :meth:`stop`, as users of an
 OpenAI-compatible endpoint would. Per request it keeps: domain, send / finish time (seconds on its clock), HTTP
-status or failure kind (``timeout`` / ``connection`` / ``malformed``), and the completion tokens. Prompt order:
+status or failure kind (``timeout`` / ``connection`` / ``malformed``), and the completion tokens. With ``stream=True``
+the replies are streamed (server-sent events) and each request also keeps the gaps between its content chunks
+(``itl_s``: inter-token latency as SGLang's ``bench_serving`` measures it, one gap per chunk after the first; a
+speculative step that emits several tokens sends them in one chunk) and its time to first chunk. Prompt order:
 :func:`mixed`, each domain shuffled with a seed then taken round-robin, so every stretch of traffic has the same mix.
 """
 
@@ -14,7 +17,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,8 @@ class ChatRecord:
     status: Optional[int]
     error: Optional[str]
     completion_tokens: int
+    ttft_s: Optional[float] = None
+    itl_s: Tuple[float, ...] = ()
 
 
 def mixed(records: Sequence[Mapping[str, Any]], seed: int = 0) -> List[Mapping[str, Any]]:
@@ -56,6 +61,7 @@ class ChatLoad:
 
     def __init__(self, url: str, records: Sequence[Mapping[str, Any]], *, streams: int, max_tokens: int,
                  temperature: float = 0.0, api_key: Optional[str] = None, timeout_s: float = 600.0,
+                 stream: bool = False,
                  clock: Callable[[], float] = time.monotonic,
                  on_done: Optional[Callable[[ChatRecord], None]] = None):
         if not records:
@@ -63,7 +69,7 @@ class ChatLoad:
         if streams < 1:
             raise ValueError(f"streams must be >= 1, got {streams}")
         self.url = url.rstrip("/") + "/v1/chat/completions"
-        self.streams, self.max_tokens, self.temperature = streams, max_tokens, temperature
+        self.streams, self.max_tokens, self.temperature, self.stream = streams, max_tokens, temperature, stream
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout_s, self.clock, self.on_done = timeout_s, clock, on_done
         self._next = itertools.cycle(list(records))
@@ -105,23 +111,59 @@ class ChatLoad:
                     rec = next(self._next)
                 body = {"model": "default", "messages": list(rec["messages"]), "max_tokens": self.max_tokens,
                         "temperature": self.temperature}
-                sent, status, error, tokens = self.clock(), None, None, 0
+                sent, status, error, tokens, ttft, gaps = self.clock(), None, None, 0, None, ()
                 try:
-                    r = client.post(self.url, json=body)
-                    status = r.status_code
-                    if status != 200:
-                        error = str(status)
+                    if self.stream:
+                        status, error, tokens, ttft, gaps = self._streamed(client, body, sent)
                     else:
-                        usage = r.json().get("usage") or {}
-                        tokens = int(usage.get("completion_tokens", 0))
-                        if "completion_tokens" not in usage:
-                            error = "malformed"
+                        r = client.post(self.url, json=body)
+                        status = r.status_code
+                        if status != 200:
+                            error = str(status)
+                        else:
+                            usage = r.json().get("usage") or {}
+                            tokens = int(usage.get("completion_tokens", 0))
+                            if "completion_tokens" not in usage:
+                                error = "malformed"
                 except httpx.TimeoutException:
                     error = "timeout"
                 except (httpx.HTTPError, OSError, ValueError):
                     error = "connection"
-                out = ChatRecord(str(rec["id"]), str(rec["domain"]), sent, self.clock(), status, error, tokens)
+                out = ChatRecord(str(rec["id"]), str(rec["domain"]), sent, self.clock(), status, error, tokens,
+                                 ttft, tuple(gaps))
                 with self._lock:
                     self.records.append(out)
                 if self.on_done is not None:
                     self.on_done(out)
+
+    def _streamed(self, client, body: Dict[str, Any], sent: float):
+        """One streamed request: (status, error, completion tokens, time to first chunk, gaps between chunks)."""
+        import json
+
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        times: List[float] = []
+        tokens, error = 0, None
+        with client.stream("POST", self.url, json=body) as r:
+            if r.status_code != 200:
+                r.read()
+                return r.status_code, str(r.status_code), 0, None, ()
+            buf = b""
+            for part in r.iter_bytes():
+                buf += part
+                while b"\n" in buf:  # split on newline only (a sampled U+2028 inside JSON is not a line break)
+                    line, buf = buf.split(b"\n", 1)
+                    line = line.strip()
+                    if not line.startswith(b"data:") or line == b"data: [DONE]":
+                        continue
+                    try:
+                        chunk = json.loads(line[5:])
+                    except ValueError:
+                        error = "malformed"
+                        continue
+                    usage = chunk.get("usage") or {}
+                    if usage.get("completion_tokens") is not None:
+                        tokens = int(usage["completion_tokens"])
+                    if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or ()):
+                        times.append(self.clock())
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        return 200, error, tokens, (times[0] - sent) if times else None, gaps

@@ -47,10 +47,11 @@ def register() -> None:
     register_dspark_algorithm()
     import sglang_specopd.server.hot_swap  # noqa: F401  (registers the swap_drafter / drafter_info ops)
     from sglang_specopd.server.traces import verify_trace_param
-    from sglang_specopd.server.traffic import register_traffic_op
+    from sglang_specopd.server.traffic import register_traffic_op, verify_spool_param
 
     register_traffic_op()
     compat.hook("SamplingParams.verify", verify_trace_param)  # custom_params.specopd_trace must be a bool (400)
+    compat.hook("SamplingParams.verify", verify_spool_param)  # custom_params.specopd_spool too
     from sglang_specopd.server.control import register_control
     from sglang_specopd.server.routes import register_routes
     from sglang_specopd.server.scoring import register_scoring

@@ -14,6 +14,9 @@ scheduler process with a byte budget::
 Features (``traffic_features_mb > 0``, :mod:`sglang_specopd.server.traffic_features`) are held in their own
 byte-bounded ring beside the spool, keyed by ``seq``, and read with op ``traffic`` action ``features``.
 
+A request sent with ``custom_params: {"specopd_spool": false}`` is never kept (measurement requests, or users who
+did not agree to their traffic being used for training); any other value of that key is refused with HTTP 400.
+
 Why in the scheduler: it holds the exact prompt ids (``origin_input_ids``) and served output ids
 (``output_ids_through_stop``), and the records of requests that did not ask for a trace never leave it (they are
 never put into ``meta_info``), so nothing has to be stripped from users' replies. Reads go through the plugin's
@@ -43,6 +46,31 @@ OFF_REASON = ("live-traffic recording is off on this server (set traffic_spool_m
 _RECORDED_ATTR = "_specopd_traffic_recorded"
 #: The plugin's algorithms, whose workers record traces: SPECOPD (DFlash / V2 drafters), SPECOPD_DSPARK (DSpark).
 RECORDING_ALGORITHMS = ("SPECOPD", "SPECOPD_DSPARK")
+
+
+SPOOL_PARAM = "specopd_spool"  # custom_params.specopd_spool: false keeps a request out of the spool
+
+
+def check_spool_param(custom_params: Any) -> None:
+    """Raise ``ValueError`` (HTTP 400) if ``custom_params["specopd_spool"]`` is present and not a JSON boolean."""
+    if isinstance(custom_params, dict) and SPOOL_PARAM in custom_params:
+        value = custom_params[SPOOL_PARAM]
+        if not isinstance(value, bool):
+            raise ValueError(f"custom_params.{SPOOL_PARAM} must be true or false, got {type(value).__name__} "
+                             f"{str(value)[:40]!r}")
+
+
+def verify_spool_param(result: Any, sampling_params: Any, *args: Any, **kwargs: Any) -> Any:
+    """AFTER hook on SGLang's ``SamplingParams.verify`` (HTTP process): :func:`check_spool_param`."""
+    check_spool_param(getattr(sampling_params, "custom_params", None))
+    return result
+
+
+def opted_out(req: Any) -> bool:
+    """True if the request asked not to be kept (``custom_params: {"specopd_spool": false}``): e.g. measurement
+    requests of held-out prompts, or users who did not agree to training on their traffic."""
+    params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
+    return isinstance(params, dict) and params.get(SPOOL_PARAM) is False
 
 
 def spool_budget_bytes(environ: Optional[Mapping[str, str]] = None) -> int:
@@ -214,7 +242,7 @@ def record_finished(reqs: Sequence[Any]) -> int:
         setattr(req, _RECORDED_ATTR, True)
         trace = take_all(req)
         reason = req.finished_reason.to_json() if req.finished_reason is not None else {}
-        if reason.get("type") not in ("stop", "length"):
+        if reason.get("type") not in ("stop", "length") or opted_out(req):
             discard(req)
             continue
         prompt = list(req.origin_input_ids)

@@ -172,7 +172,7 @@ class SpecOPDClient:
         """``/generate`` for one prompt; returns SGLang's JSON (``output_ids``, ``meta_info`` with acceptance stats)."""
         params = {"max_new_tokens": max_new_tokens, "temperature": temperature, **sampling}
         if trace:
-            params["custom_params"] = {"specopd_trace": True}
+            params["custom_params"] = {**(params.get("custom_params") or {}), "specopd_trace": True}
         return self._request("POST", "/generate", json={"input_ids": input_ids, "sampling_params": params}).json()
 
     def score_trees(self, req: ScoreTreesRequest) -> List[ScoredReference]:

@@ -8,7 +8,8 @@ SGLang reports in ``meta_info``: ``completion_tokens``, ``spec_verify_ct`` (veri
 ``tau = sum(completion_tokens) / sum(spec_verify_ct)`` over its requests (a ratio of sums: long responses weigh
 more, as in SGLang's server-wide metric). ``mean_tau`` is the unweighted mean of the per-domain taus.
 
-Sampling: temperature 0 is greedy. Temperature > 0 uses top_p 1, top_k -1 and a per-request ``sampling_seed``
+Measurement requests carry ``custom_params.specopd_spool: false``, so a server that records live traffic for training
+(``specopd adapt``) never keeps them: held-out prompts stay held out. Sampling: temperature 0 is greedy. Temperature > 0 uses top_p 1, top_k -1 and a per-request ``sampling_seed``
 derived from the prompt id; SGLang honours that seed only when the server runs with
 ``--enable-deterministic-inference`` (otherwise T>0 runs are statistically, not bitwise, reproducible).
 """
@@ -71,11 +72,16 @@ def eval_records(domain: str, limit: Optional[int] = None) -> List[Dict[str, Any
     return list(held if limit is None else held[:limit])
 
 
-def sampling_params(temperature: float, max_new_tokens: int, request_id: str) -> Dict[str, Any]:
-    """``/generate`` sampling parameters; T > 0 adds top_p 1, top_k -1 and a seed that depends on the id only."""
+def sampling_params(temperature: float, max_new_tokens: int, request_id: str, *,
+                    spool: bool = True) -> Dict[str, Any]:
+    """``/generate`` sampling parameters; T > 0 adds top_p 1, top_k -1 and a seed that depends on the id only.
+    ``spool=False`` adds ``custom_params.specopd_spool: false``: a server that records live traffic does not keep the
+    request (measurements of held-out prompts must never become training traffic)."""
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     params: Dict[str, Any] = {"max_new_tokens": max_new_tokens, "temperature": float(temperature)}
+    if not spool:
+        params["custom_params"] = {"specopd_spool": False}
     if temperature > 0:
         seed = int.from_bytes(hashlib.sha256(request_id.encode()).digest()[:4], "big") & 0x7FFFFFFF
         params.update(top_p=1.0, top_k=-1, sampling_seed=seed)
@@ -206,7 +212,8 @@ def evaluate_acceptance(url: str, tokenizer: Any, domains: Sequence[str] = DOMAI
             task = bar.add_task("acceptance", total=len(jobs))
 
             def one(rec: Mapping[str, Any], ids: List[int]) -> RequestStats:
-                resp = client.generate(ids, **sampling_params(temperature, max_new_tokens, str(rec["id"])))
+                params = sampling_params(temperature, max_new_tokens, str(rec["id"]), spool=False)
+                resp = client.generate(ids, **params)
                 return request_stats(rec, len(ids), resp)
 
             pending = {pool.submit(one, rec, ids) for rec, ids in jobs}

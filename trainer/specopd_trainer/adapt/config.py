@@ -20,6 +20,9 @@ class AdaptConfig(BaseModel):
                                                             "held out: never trained on, used to judge candidates")
     min_holdout: int = Field(default=12, ge=2, description="held-out requests needed before a candidate is judged")
     holdout_window: int = Field(default=48, ge=2, description="judge on the newest N held-out requests")
+    holdout_older: int = Field(default=48, ge=0, description="also on up to N older held-out requests, spread over "
+                                                             "the run: a candidate measured worse there (interval "
+                                                             "below 0) is not deployed (0: newest only)")
     min_train_tokens: int = Field(default=256, ge=1, description="served response tokens in the training buffer "
                                                                  "before training starts")
     eval_every: int = Field(default=50, ge=1, description="judge the candidate every N optimiser steps")
@@ -39,6 +42,9 @@ class AdaptConfig(BaseModel):
     max_staleness: int = Field(default=2, ge=0, description="Draft-OPD: replay only records served by the deployed "
                                                             "drafter or the N before it")
     read_items: int = Field(default=64, ge=1, le=4096, description="spool items per read")
+    start_at: Literal["oldest", "newest"] = Field(
+        default="oldest", description="where a new run starts reading the spool: oldest (learn from what it holds) "
+                                      "or newest (only traffic served from now on)")
     poll_s: float = Field(default=2.0, gt=0, description="wait between reads when the spool has nothing new")
     features: Literal["auto", "served", "score"] = Field(
         default="auto", description="context features: served (captured while serving; refuse a server that "

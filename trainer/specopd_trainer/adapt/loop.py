@@ -5,10 +5,12 @@ their context features (:mod:`.features`), put them in the training or held-out 
 training buffer holds ``min_train_tokens`` response tokens, one optimiser step of the algorithm's adapt step (AdamW,
 linear warmup then constant LR, gradient clip); every ``eval_every`` steps the guard (:mod:`.guard`) compares the
 candidate with the deployed drafter on the newest ``holdout_window`` held-out requests and pushes it when the rule
-says so, or, when the deployed drafter measures worse than the one before it, rolls back to that one (the candidate
+says so and it is not worse (interval below 0) on up to ``holdout_older`` older held-out requests spread over the run
+(the traffic served before: a drafter that learns a new domain must not forget the old ones), or, when the deployed drafter measures worse than the one before it, rolls back to that one (the candidate
 restarts from it). A step whose loss is not finite restores the candidate to the deployed weights
 (``candidate_resets``). Checkpoints: every ``ckpt_every`` steps and at every stop (:mod:`.state`). Stops on
-SIGINT / SIGTERM (after the current step), ``max_steps`` or ``max_minutes``.
+SIGINT / SIGTERM (after the current step), ``max_steps`` or ``max_minutes``; a budget stop judges the candidate once
+more when at least half an ``eval_every`` was trained since the last judgement.
 
 The server keeps serving throughout: reads and pushes are admin ops run between batches, and every target forward
 the adapter asks for (second-pass features, prefix rows, SpecOPD / Draft-OPD scoring) goes through the score
@@ -29,7 +31,7 @@ import torch
 from specopd_trainer.adapt.buffer import TrafficBuffer, TrafficSequence
 from specopd_trainer.adapt.config import AdaptConfig
 from specopd_trainer.adapt.features import FeatureSource
-from specopd_trainer.adapt.guard import compare, walk_rows, worse
+from specopd_trainer.adapt.guard import Verdict, compare, walk_rows, worse
 from specopd_trainer.adapt.reader import ServedItem, TrafficReader
 from specopd_trainer.adapt.report import StatusPrinter, status_line, summary
 from specopd_trainer.adapt.state import AdaptState
@@ -92,6 +94,11 @@ class Adapter:
         if ckpt is None:
             version = self._serving_version() or "initial"
             self.state.deployed.append({"version": version, "step": 0, "t_s": 0.0, "why": "serving at start"})
+            if self.cfg.start_at == "newest":  # skip what the spool holds now
+                page = self.client.traffic_page(0, None, 1)
+                stats = page.get("stats") if isinstance(page.get("stats"), dict) else {}
+                if isinstance(page.get("spool_id"), str) and isinstance(stats.get("newest_seq"), int):
+                    self.state.cursor.spool_id, self.state.cursor.after = page["spool_id"], stats["newest_seq"]
             return
         saved = load_checkpoint(ckpt)
         self.drafter.load_state_dict(saved["drafter"])
@@ -182,7 +189,8 @@ class Adapter:
         """Compare candidate and deployed on the held-out window; push or roll back. The verdict dict, or None when
         the held-out slice is still smaller than ``min_holdout``."""
         cfg = self.cfg
-        hold = self.hold_buf.sequences[-cfg.holdout_window:]
+        everything = self.hold_buf.sequences
+        hold = everything[-cfg.holdout_window:]
         if len(hold) < cfg.min_holdout:
             return None
         dep_rows = walk_rows(self.deployed, hold, self._dep_cache)
@@ -192,6 +200,15 @@ class Adapter:
         v = compare(cand_rows, dep_rows, rule=cfg.deploy_rule, min_gain=cfg.min_gain, seed=self.state.step)
         self.state.evaluations += 1
         out = {**v.as_dict(), "kind": "candidate", "step": self.state.step}
+        older = _spread(everything[:-cfg.holdout_window], cfg.holdout_older)
+        if v.deploy and len(older) >= cfg.min_holdout:  # traffic served before: the candidate must not be worse
+            o = compare(walk_rows(self.drafter, older), walk_rows(self.deployed, older, self._dep_cache), rule="ci",
+                        seed=self.state.step)
+            out["older"] = o.as_dict()
+            if worse(o):
+                v = Verdict(**{**v.__dict__, "deploy": False,
+                               "reason": f"{v.reason}, but worse on older traffic [{o.ci95[0]:+.3f}, {o.ci95[1]:+.3f}]"})
+                out.update(deploy=False, reason=v.reason)
         self.state.note_verdict(out)
         if v.deploy:
             version = f"adapt-{self.run_dir.name}-{self.state.pushes + 1}"
@@ -235,7 +252,7 @@ class Adapter:
         cfg = self.cfg
         handlers = _install_signals(self.request_stop)
         t0, wall0 = time.monotonic(), self.state.wall_s
-        last_ckpt, last_row = self.state.step, 0.0
+        last_ckpt, last_row, last_judged = self.state.step, 0.0, self.state.step
         try:
             while self._stop is None:
                 self.state.wall_s = wall0 + time.monotonic() - t0
@@ -261,6 +278,7 @@ class Adapter:
                 if self.state.step % cfg.eval_every == 0:
                     t = time.monotonic()
                     self.judge()
+                    last_judged = self.state.step
                     self.state.time("judge", time.monotonic() - t)
                 if self.state.step - last_ckpt >= cfg.ckpt_every:
                     self.checkpoint()
@@ -269,6 +287,10 @@ class Adapter:
                 if time.monotonic() - last_row >= cfg.log_every_s:
                     last_row = time.monotonic()
                     self._metrics_row()
+            if self.state.step - last_judged >= max(1, cfg.eval_every // 2):  # a budget stop: judge what was trained
+                t = time.monotonic()
+                self.judge()
+                self.state.time("judge", time.monotonic() - t)
         finally:
             _restore_signals(handlers)
             self.state.wall_s = wall0 + time.monotonic() - t0
@@ -293,6 +315,15 @@ class Adapter:
                "holdout_items": len(self.hold_buf), "last_verdict": v}
         with open(self.run_dir / "metrics.jsonl", "a") as fh:
             fh.write(json.dumps(row) + "\n")
+
+
+def _spread(seqs: List, n: int) -> List:
+    """Up to ``n`` of ``seqs`` evenly spread over them (all when there are fewer)."""
+    if n <= 0 or not seqs:
+        return []
+    if len(seqs) <= n:
+        return list(seqs)
+    return [seqs[int(i * len(seqs) / n)] for i in range(n)]
 
 
 class _View:

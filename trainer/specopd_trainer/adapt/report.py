@@ -14,10 +14,10 @@ def _k(n: float) -> str:
 
 
 def status_line(state: AdaptState, *, train_items: int, holdout_items: int, loss: Optional[float]) -> str:
-    """``traffic 12.3k tok seen, 9.1k trained (88 req, 22 held out) | step 340 loss 1.23 | candidate 1.48 vs
-    deployed 1.31 (+0.17 [+0.09, +0.25], 24 req) | 3 pushes, 0 rollbacks | 1 bad item``."""
-    parts = [f"traffic {_k(state.traffic_tokens_seen)} tok seen, {_k(state.traffic_tokens_trained)} trained "
-             f"({train_items} req, {holdout_items} held out)",
+    """``traffic 12.3k tokens seen, 9.1k response tokens to train on (88 req, 22 held out) | step 340 loss 1.23 |
+    candidate 1.48 vs deployed 1.31 (+0.17 [+0.09, +0.25], 24 req) | 3 pushes, 0 rollbacks | 1 bad item``."""
+    parts = [f"traffic {_k(state.traffic_tokens_seen)} tokens seen, {_k(state.traffic_tokens_trained)} response "
+             f"tokens to train on ({train_items} req, {holdout_items} held out)",
              f"step {state.step}" + (f" loss {loss:.3f}" if loss is not None else "")]
     v = state.verdicts[-1] if state.verdicts else None
     if v is not None and v.get("kind") == "candidate":
