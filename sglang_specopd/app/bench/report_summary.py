@@ -63,7 +63,8 @@ def _serving(name: str, data: Mapping[str, Any]) -> List[str]:
     conc = " / ".join(str(lv.get("concurrency", "?")) for lv in levels)
     tau = _f(_get(data, "acceptance", "mean_acceptance_length"), 3)
     drafter = str(_get(data, "servers", "specopd", "drafter") or "?")
-    where = " (a drafter in the git-ignored `runs/` folder, not in the repository)" if drafter.startswith("runs/") else ""
+    where = (" (a drafter in the git-ignored `runs/` folder, not in the repository)" if drafter.startswith("runs/")
+             else "")
     return [f"- **Serving speed-up** (`{name}`): SpecOPD vs plain serving output tokens/s {speed} at concurrency "
             f"{conc} (T={data.get('temperature', '?')}); tau {tau} with drafter `{drafter}`{where}."]
 
