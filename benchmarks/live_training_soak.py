@@ -7,7 +7,10 @@ score_trees / swap / generate requests at ``--fuzz-rate`` per second. First an i
 training phase: ``specopd train specopd`` runs against the server (through a counting proxy), starting from the
 server's drafter and pushing it hot every ``--push-every`` steps. Recorded: TTFT / ITL p50 and p99 per phase (the
 training phase starts at the trainer's first score_trees call), errors by HTTP status per source, malformed
-replies, the scheduler's RSS every 5 s, swaps, and the greedy outputs of 4 probe prompts before and after.
+replies, the scheduler's RSS every 5 s, swaps, the greedy outputs of 4 probe prompts before and after, and the
+score_trees queue waits of the training phase (the server's ``X-SpecOPD-Queue-Wait-S`` on the trainer's replies and
+on the fuzzer's small valid requests: ``score_queue_wait_p99_s``, p50, max, 429s; bounded by the config's
+``score_trees_queue_wait_s``).
 
 Why fp32: greedy identity before vs after is only meaningful where outputs are batch-invariant; speculative
 decoding is lossless, so in fp32 the probes must match although the drafter changed (the comparison is with
