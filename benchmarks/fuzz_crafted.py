@@ -129,13 +129,19 @@ def _int_case(draw, t, pool, kind):
 
 @st.composite
 def nan_infinity(draw, t):
-    text = json.dumps(_numbers(draw, t, [123456789]))
+    """A valid request (random shape) with one of its numbers replaced by NaN / Infinity / -Infinity."""
+    import re
+
+    from fuzz_strategies import valid_score_request
+
     const = draw(st.sampled_from(CONSTANTS))
-    body = text.replace("123456789", const, 1)
-    if draw(st.booleans()):
+    if draw(st.integers(0, 4)) == 0:
         body = json.dumps({"path": t.drafter_dir, "version": "v"})[:-1] + f', "x": {const}}}'
         return _case(SWAP_DRAFTER_PATH, ADMIN, body.encode(), "nan_infinity")
-    return _case(SCORE_TREES_PATH, JSON, body.encode(), "nan_infinity")
+    text = json.dumps(draw(valid_score_request(t)))
+    numbers = [m.span() for m in re.finditer(r"(?<=[\[:,\s])-?\d+(?=[,\]}])", text)]
+    start, end = numbers[draw(st.integers(0, len(numbers) - 1))]
+    return _case(SCORE_TREES_PATH, JSON, (text[:start] + const + text[end:]).encode(), "nan_infinity")
 
 
 @st.composite
