@@ -34,8 +34,11 @@ state, HV x Dv x Dk x 4: what a node holds while its depth level runs; layers ru
 
 ``--target tiny-qwen4exp-sparse`` scores the sparse-linear hybrid (Qwen4-Exp: GDN + QSA sparse attention, budget
 32; radix cache off, as the QSA pool requires on CPU); each case adds ``groups_per_tree`` (the QSA selections the
-tree forward computes per anchor tree: one per trie node, :func:`groups_per_tree`) beside
-``sequential_selections_per_tree`` (the rows decoding each branch would select for):
+tree forward computed per anchor tree, as the server reports them in the reply: one per scored trie node plus one per
+depth of the rows that take every block; ``qsa_selections_per_tree`` per tree) beside
+``sequential_selections_per_tree`` (the rows decoding each branch would select for), and
+``qsa_min_topk_margin_per_tree`` (the server's smallest gap at a selection boundary per tree: where SGLang's own
+prefill may select another block):
 
     python benchmarks/tree_scoring.py --target tiny-qwen4exp-sparse --out benchmarks/results/tree_scoring_qsa_cpu.json
 """
@@ -76,7 +79,8 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 def tree_call(client, url, ref, anchors, branches, block_size, cold: bool = True):
     """One ``score_trees`` call; ``cold``: the score_trees prefix cache is cleared first. Returns (seconds, tensors,
-    the reply's ``prefix_cache`` state)."""
+    the reply header's entry of the reference: ``prefix_cache`` state, and on a QSA target the selections the server
+    computed per anchor tree and its smallest top-k margin)."""
     from sglang_specopd.wire.protocol import PREFIX_CACHE_PATH, decode_tensors
 
     if cold:
@@ -89,7 +93,7 @@ def tree_call(client, url, ref, anchors, branches, block_size, cold: bool = True
     dt = time.perf_counter() - t0
     r.raise_for_status()
     tensors, header = decode_tensors(r.content)
-    return dt, tensors, header["references"][0].get("prefix_cache", "off")
+    return dt, tensors, header["references"][0]
 
 
 def prefill_call(client, url, length: int, vocab: int, rng) -> float:
@@ -120,10 +124,16 @@ def baseline_call(client, url, ref, anchors, branches):
 
 def exactness(tensors, base, anchors, branches) -> float:
     """Max |top-1 log-prob(tree) - top-1 log-prob(baseline)| over every scored row."""
+    return max(exactness_per_tree(tensors, base, anchors, branches), default=0.0)
+
+
+def exactness_per_tree(tensors, base, anchors, branches) -> list:
+    """Per anchor tree, the max |top-1 log-prob(tree) - top-1 log-prob(baseline)| over its scored rows."""
     n_anchor = len(anchors)
     lp = tensors["ref0.topk_logprobs"]
-    worst, node, seq = 0.0, 0, 0
+    out, node, seq = [], 0, 0
     for ai, brs in enumerate(branches):
+        worst = 0.0
         for br in brs:
             meta = base[seq]["meta_info"]
             # input_top_logprobs[0] is None (the anchor position itself); [1] is the anchor row (predicts draft
@@ -134,7 +144,8 @@ def exactness(tensors, base, anchors, branches) -> float:
                 worst = max(worst, abs(rows[j + 1][0][0] - float(lp[n_anchor + node + j][0])))
             node += len(br)
             seq += 1
-    return worst
+        out.append(worst)
+    return out
 
 
 def head_seconds(rows: int, head_dims, threads: int, repeats: int = 3) -> float:
@@ -176,11 +187,11 @@ def run_case(client, url, tok, vocab, case, refs_cache, repeats, rng, head_dims=
     tree_t, warm_t, base_t, prefill_t, states = [], [], [], [], set()
     for _ in range(repeats):
         prefill_t.append(prefill_call(client, url, rows, vocab, rng))
-        dt, tensors, state = tree_call(client, url, ref, anchors, branches, B, cold=True)
+        dt, tensors, cold_ref = tree_call(client, url, ref, anchors, branches, B, cold=True)
         tree_t.append(dt)
-        dt, warm_tensors, warm_state = tree_call(client, url, ref, anchors, branches, B, cold=False)
+        dt, warm_tensors, warm_ref = tree_call(client, url, ref, anchors, branches, B, cold=False)
         warm_t.append(dt)
-        states.add(warm_state)
+        states.add(warm_ref.get("prefix_cache", "off"))
         # stock SGLang at its best: the reference's K/V already in the radix cache
         client.post(url + "/generate", json={"input_ids": ref, "sampling_params": {"max_new_tokens": 1}})
         dt, base = baseline_call(client, url, ref, anchors, branches)
@@ -197,8 +208,15 @@ def run_case(client, url, tok, vocab, case, refs_cache, repeats, rng, head_dims=
            "max_abs_logprob_diff": max(exactness(tensors, base, anchors, branches),
                                        exactness(warm_tensors, base, anchors, branches)),
            "tree_s_all": tree_t, "tree_warm_s_all": warm_t, "per_branch_s_all": base_t, "prefill_s_all": prefill_t}
-    if qsa:
-        res["groups_per_tree"], res["sequential_selections_per_tree"] = groups_per_tree(anchors, branches, *qsa)
+    if qsa:  # measured by the server (the selections its QSA layers computed), not derived here
+        per_tree = cold_ref["qsa_selections_per_tree"]
+        res["groups_per_tree"] = sum(per_tree) / len(per_tree)
+        res["qsa_selections_per_tree"] = per_tree
+        res["qsa_min_topk_margin_per_tree"] = cold_ref.get("qsa_min_topk_margin_per_tree")
+        # beside each tree's margin: a difference far above the others sits in a tree with a small margin when a
+        # near-tie block selection went the other way in SGLang's prefill (docs/sparse_attention.md, exactness)
+        res["max_abs_logprob_diff_per_tree"] = exactness_per_tree(tensors, base, anchors, branches)
+        res["sequential_selections_per_tree"] = sum(len(br) for brs in branches for br in brs) / len(branches)
     if head_dims:
         res["head_s"] = head_seconds(A + tokens, head_dims, threads)
         res["roofline_fraction_with_head"] = (prefill_s + res["head_s"]) / tree_s
@@ -245,22 +263,6 @@ def hybrid_info(target_dir) -> dict:
         info.update(qsa_layers=full, qsa_budget=int(cfg["indexer_budget"]),
                     qsa_compress_ratio=int(cfg["indexer_compress_ratio"]))
     return info
-
-
-def groups_per_tree(anchors, branches, budget: int, ratio: int) -> tuple:
-    """(mean QSA selections the tree forward computes per anchor tree, mean rows sequential decoding of each
-    branch would select for): one selection per trie node (branches sharing leading tokens share nodes) whose
-    query sees more than ``budget // ratio`` complete blocks, plus one per depth for the rows that see fewer (they
-    take every block, so their selection depends only on (anchor, depth)); sequential: every branch's rows."""
-    kb = budget // ratio
-    groups, sequential = [], []
-    for a, brs in zip(anchors, branches):
-        trie = {tuple(br[: m + 1]) for br in brs for m in range(len(br))}
-        scored = {node for node in trie if (a + 1 + len(node)) // ratio > kb}
-        unscored_depths = {len(node) for node in trie - scored}
-        groups.append(len(scored) + len(unscored_depths))
-        sequential.append(sum(len(br) for br in brs))
-    return sum(groups) / len(groups), sum(sequential) / len(sequential)
 
 
 def main(argv=None) -> int:

@@ -123,7 +123,22 @@ def test_score_trees_nodes_equal_sglang_prefill_of_each_branch(qsa_server, serve
     prefix = _prompts()["sparse-90"][:60]
     req = _tree_request(prefix)
     tensors, header = score(qsa_server.url, req)
-    assert header["references"][0]["prefix_cache"] == "off"
+    head = header["references"][0]
+    assert head["prefix_cache"] == "off"
+    # what the QSA layers computed, per tree in packing order (anchors 12, 33, 46, 31, 34, 57): the anchor-12 tree's
+    # nodes see at most 32 tokens (no top-k: one selection per depth, no margin), the others' nodes are scored
+    counts, margins = head["qsa_selections_per_tree"], head["qsa_min_topk_margin_per_tree"]
+    assert len(counts) == len(margins) == 6
+    for tree, count, margin in zip(req.references[0].trees, counts, margins):
+        _, pars = tree.flat()
+        depth: List[int] = []
+        for par in pars:
+            depth.append(0 if par < 0 else depth[par] + 1)
+        # a node at depth m is the query at position anchor + 1 + m; it is scored (top-k over its blocks) when it
+        # sees more than block_topk = 8 complete blocks of 4, and then it is one selection of its own
+        scored = [(tree.anchor + 2 + m) // 4 > 8 for m in depth]
+        assert count == sum(scored) + len({m for m, s in zip(depth, scored) if not s}), (tree.anchor, count)
+        assert (margin is None) == (not any(scored)) and (margin is None or margin >= 0), (tree.anchor, margin)
     lp = tensors["ref0.logprobs"]
     base, worst, checked, branches = len(req.references[0].trees), 0.0, set(), 0
     for j, tree in enumerate(req.references[0].trees):

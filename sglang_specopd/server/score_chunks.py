@@ -23,6 +23,7 @@ import torch
 
 from sglang_specopd.server.prefix_cache import PrefixEntry, prefix_key, scheduler_cache
 from sglang_specopd.server.score_gdn import has_gdn_layers
+from sglang_specopd.server.score_qsa import take_stats
 from sglang_specopd.server.scoring import (
     ReferencePlan,
     head_outputs,
@@ -143,6 +144,7 @@ def score_trees_steps(scheduler, req: ScoreTreesRequest, budget_tokens: int = 0)
     header = {"references": []}
     for i, ref in enumerate(req.references):
         work = reference_work(ref)
+        take_stats()  # drop what a forward that failed before its reply left behind
         if whole or work <= budget_tokens:
             h, feats, node_anchor, num_nodes, cached = score_reference(model, ref, req, device, cache)
             outs = head_outputs(h, head, req, out_dtype)
@@ -157,7 +159,8 @@ def score_trees_steps(scheduler, req: ScoreTreesRequest, budget_tokens: int = 0)
             tensors[p + "features"] = features.to(out_dtype).cpu()
         tensors[p + "node_anchor"] = node_anchor.cpu()
         header["references"].append({"num_anchors": len(ref.trees), "num_nodes": num_nodes,
-                                     "prefix_len": len(ref.input_ids), "prefix_cache": cached})
+                                     "prefix_len": len(ref.input_ids), "prefix_cache": cached,
+                                     **{f"qsa_{k}": v for k, v in take_stats().items()}})
     return 200, "ok", encode_tensors(tensors, header)
 
 

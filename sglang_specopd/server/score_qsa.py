@@ -33,6 +33,8 @@ from sglang_specopd.server.tree_call import TREE_CALL, TreeForwardBatch
 
 SCORE_DTYPE_DEFAULT = torch.bfloat16  # SGLang's default QSA compressed-key cache dtype
 _CONFIGS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # indexer -> QSAConfig
+# what the QSA layers of the running tree forward selected (scheduler-side, one forward at a time): see take_stats
+_STATS: dict = {}
 
 
 class QSATreeSelection:
@@ -73,7 +75,7 @@ def qsa_tree_selection(layer, call, hidden_states: torch.Tensor, positions: torc
     Returns: :class:`QSATreeSelection`. Raises RuntimeError for a row against a cached prefix or a prefix chunk
     (hybrid targets never run those).
     """
-    from specopd_kernels.sparse import qsa_tree_select
+    from specopd_kernels.sparse.select import qsa_tree_select, selections_per_tree
 
     if call.prefix is not None or call.grow is not None:
         raise RuntimeError("QSA layers score whole rows only (no prefix cache hit or prefix chunk)")
@@ -82,7 +84,39 @@ def qsa_tree_selection(layer, call, hidden_states: torch.Tensor, positions: torc
     index_q, index_k, _ = indexer.project_qk(hidden_states, positions, pool=None)
     p = call.layout.prefix_len
     sel = qsa_tree_select(index_q.to(cfg.score_dtype), index_k[:p], index_k[p:], call.layout, cfg)
+    if "selections_per_tree" not in _STATS:  # every QSA layer selects for the same rows: count the first one's
+        _STATS["selections_per_tree"] = selections_per_tree(sel, call.layout)
+    margins = min_margin_per_tree(sel, call.layout)
+    seen = _STATS.get("min_topk_margin_per_tree")
+    _STATS["min_topk_margin_per_tree"] = margins if seen is None else [
+        b if a is None else a if b is None else min(a, b) for a, b in zip(seen, margins)]
     return QSATreeSelection(sel)
+
+
+def min_margin_per_tree(sel, layout) -> list:
+    """Per anchor tree (packing order, as :func:`specopd_kernels.sparse.select.selections_per_tree`): the smallest
+    finite top-k margin of its scored node rows, None when none was scored."""
+    n = layout.num_nodes
+    if n == 0:
+        return []
+    margin, anchor = sel.margin[-n:].cpu(), layout.node_anchor.cpu()
+    out = []
+    for a in dict.fromkeys(anchor.tolist()):
+        m = margin[(anchor == a) & torch.isfinite(margin)]
+        out.append(float(m.min()) if m.numel() else None)
+    return out
+
+
+def take_stats() -> dict:
+    """What the QSA layers of the tree forwards since the last call selected, then forget it: ``{}`` on a target
+    without QSA layers, else ``selections_per_tree`` (the indexer selections one layer computed per anchor tree,
+    :func:`specopd_kernels.sparse.select.selections_per_tree`) and ``min_topk_margin_per_tree`` (per tree, the
+    smallest gap between the last selected and the best unselected block's indexer logit over its scored rows and
+    every QSA layer; a gap within float rounding is where another implementation of the same logits, e.g. SGLang's
+    prefill, may select another block)."""
+    out = dict(_STATS)
+    _STATS.clear()
+    return out
 
 
 def qsa_topk_override(original_fn, self, hidden_states, positions, forward_batch, *args, **kwargs):

@@ -23,7 +23,7 @@ import torch
 from ..tree.layout import TreeLayout
 from .indexer import QSAConfig, expand_blocks, index_keys_2d, qsa_block_keys, qsa_logits
 
-__all__ = ["QSASelection", "qsa_tree_select", "tree_paths"]
+__all__ = ["QSASelection", "qsa_tree_select", "selections_per_tree", "tree_paths"]
 
 _CHUNK_BYTES = 64 << 20  # fp32 [rows, blocks, Hi] scoring workspace per chunk
 
@@ -35,7 +35,10 @@ class QSASelection:
     positions: int64 [R, W], logical positions in each row's own branch sequence (valid entries first, -1 after);
     indices: int64 [R, W], the same keys as rows of ``[prefix (P) | nodes (N)]`` (prefix position x -> x, the
     ancestor at position x -> P + its packed node index); counts: int64 [R], valid entries per row; scored: bool
-    [R], rows that saw more than block_topk blocks (indexer top-k ran; the others took every block).
+    [R], rows that saw more than block_topk blocks (indexer top-k ran; the others took every block); margin: fp32
+    [R], the gap between the last selected block's indexer logit and the best unselected one's (``inf`` for rows
+    that were not scored): a gap within float rounding means another implementation of the same logits (SGLang's)
+    may select the other block.
     W = budget + r - 1; R = P + N (prefix rows first) or N (node rows only).
     """
 
@@ -43,6 +46,7 @@ class QSASelection:
     indices: torch.Tensor
     counts: torch.Tensor
     scored: torch.Tensor
+    margin: torch.Tensor = None  # type: ignore[assignment]
 
 
 def tree_paths(layout: TreeLayout, device=None) -> torch.Tensor:
@@ -113,6 +117,7 @@ def qsa_tree_select(index_q: torch.Tensor, index_k_prefix: torch.Tensor, index_k
     blocks = torch.arange(kb, device=dev).expand(pos.shape[0], kb)
     blocks = torch.where(blocks < nb[:, None], blocks, -1).clone()
     scored = nb > kb
+    margin = torch.full((pos.shape[0],), float("inf"), device=dev)
     rows_all = scored.nonzero(as_tuple=True)[0]
     per_row = index_q.shape[1] * (pkeys.shape[0] + jmax) * 4 + jmax * index_q.shape[2] * 4
     step = max(1, _CHUNK_BYTES // max(per_row, 1))
@@ -127,10 +132,30 @@ def qsa_tree_select(index_q: torch.Tensor, index_k_prefix: torch.Tensor, index_k
             keys = slot[path[rows].gather(1, c_idx).clamp(min=0)].clamp(min=0)
             lt = qsa_logits(index_q[rows], tkeys[keys], cfg).masked_fill(tb >= nb[rows, None], float("-inf"))
         ids = torch.cat([cols.expand(rows.numel(), -1), tb], 1)
-        order = torch.sort(torch.cat([lp, lt], 1), dim=1, descending=True, stable=True).indices[:, :kb]
-        blocks[rows] = ids.gather(1, order)
+        ranked = torch.sort(torch.cat([lp, lt], 1), dim=1, descending=True, stable=True)
+        blocks[rows] = ids.gather(1, ranked.indices[:, :kb])
+        if ranked.values.shape[1] > kb:  # -inf competitors (invisible blocks) give an inf gap
+            margin[rows] = (ranked.values[:, kb - 1] - ranked.values[:, kb]).float()
     positions = expand_blocks(blocks, pos, cfg)
     off = (positions - anchor[:, None] - 1).clamp(0, max(path.shape[1] - 1, 0))
     node = path.gather(1, off) if path.shape[1] else torch.zeros_like(positions)
     indices = torch.where(positions < 0, -1, torch.where(positions <= anchor[:, None], positions, p + node))
-    return QSASelection(positions, indices, (positions >= 0).sum(1), scored)
+    return QSASelection(positions, indices, (positions >= 0).sum(1), scored, margin)
+
+
+def selections_per_tree(sel: QSASelection, layout: TreeLayout) -> list:
+    """The indexer selections a tree forward computes per anchor tree (in packing order: the order of the trees'
+    nodes in the row), counted from ``sel`` (the node rows, which come last): one per scored node (its own top-k),
+    plus one per depth among the nodes that saw at most block_topk blocks (they take every block: their selection
+    depends only on the anchor and the depth). Trees at the same anchor count as one."""
+    n = layout.num_nodes
+    if n == 0:
+        return []
+    scored = sel.scored[-n:].cpu()
+    anchor = layout.node_anchor.cpu()
+    depth = ((tree_paths(layout) >= 0).sum(1) - 1).cpu()
+    out = []
+    for a in dict.fromkeys(anchor.tolist()):  # first appearance: packing order
+        mine = anchor == a
+        out.append(int(scored[mine].sum()) + len(set(depth[mine & ~scored].tolist())))
+    return out
