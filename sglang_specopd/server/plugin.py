@@ -62,6 +62,9 @@ def register() -> None:
     register_scoring()
     register_score_queue()
     register_routes()
+    from sglang_specopd.server.goodput_control import register_policy_routes
+
+    register_policy_routes()  # GET / POST /specopd/policy (the speculative policy) and the op behind them
     from sglang_specopd.server.streamer import get_output_streamer_class
 
     compat.hook("Scheduler.get_output_streamer_class", get_output_streamer_class)
