@@ -63,6 +63,8 @@ def _make_worker_class():
     from sglang_specopd.server.traces import record_verify_step, record_versions, wants_trace
     from sglang_specopd.server.traffic import recording
     from sglang_specopd.server.traffic_features import capture_prefill, capture_verify, capturing
+    from sglang_specopd.server.goodput_step import controller_for, settings_from_env
+    from sglang_specopd.server.goodput_verify import accept_narrow
 
     DFlashWorkerV2 = compat.get("DFlashWorkerV2")
     _commit_accept = compat.get("_commit_accept")
@@ -74,6 +76,7 @@ def _make_worker_class():
     sampled = draft_sampling_mode() == "sample"  # read at server start: a bad value fails the launch, not a step
     keep_all = recording()  # live-traffic spool on: every request's verify records are kept (server/traffic.py)
     capture = keep_all and capturing()  # and the target's context features of every served token (traffic_features)
+    settings_from_env()  # the speculative policy (server/goodput_step.py): a bad setting fails the launch
 
     class SpecOPDWorker(DFlashWorkerV2):
         """``DFlashWorkerV2`` that records (anchor, proposed tokens, accepted count, drafter version) per verify step
@@ -82,18 +85,32 @@ def _make_worker_class():
         _specopd_reqs = None
         _specopd_sampling = None  # the batch's sampling_info while this step drafts by sampling
         _specopd_q = None  # [bs, gamma, V] fp32: the q the current block was sampled from
+        _specopd_step = None  # the decode step in flight: k drafts verified (server/goodput_verify.StepState)
 
         def forward_batch_generation(self, batch, *args, **kwargs):
             self._specopd_reqs = getattr(batch, "reqs", None)
             info = getattr(batch, "sampling_info", None)
             if info is not None and not info.is_all_greedy and sampled:
                 self._specopd_sampling = info
+            policy = controller_for(self)  # how many drafts this step verifies (server/goodput_step.py)
+            self._specopd_step = step = policy.begin(self, batch, current_version())
+            ok = False
             try:
-                return super().forward_batch_generation(batch, *args, **kwargs)
+                out = super().forward_batch_generation(batch, *args, **kwargs)
+                ok = True
+                return out
             finally:
-                self._specopd_reqs = self._specopd_sampling = self._specopd_q = None
+                policy.end(self, step, ok)
+                self._specopd_reqs = self._specopd_sampling = self._specopd_q = self._specopd_step = None
 
         def _greedy_sample_from_vocab_parallel_head(self, *, hidden_states, lm_head, chunk_size: int = 256):
+            step = self._specopd_step
+            if step is None:
+                return self._specopd_draft_head(hidden_states, lm_head, chunk_size)
+            # skipped when the step verifies no draft, timed otherwise
+            return step.proposals(hidden_states, lambda: self._specopd_draft_head(hidden_states, lm_head, chunk_size))
+
+        def _specopd_draft_head(self, hidden_states, lm_head, chunk_size):
             info = self._specopd_sampling
             weight = getattr(lm_head, "weight", None)
             vocab = int(self.model_runner.model_config.vocab_size)
@@ -121,7 +138,10 @@ def _make_worker_class():
 
         def _accept_block(self, **kwargs):
             q, self._specopd_q = self._specopd_q, None
-            if q is not None and self._selector_sample is None and kwargs.get("target_predict") is None:
+            step = self._specopd_step
+            if step is not None and step.narrow:  # k < block_size - 1 drafts verified (server/goodput_verify.py)
+                out = accept_narrow(step, q=q, block_verification=self._block_verification, **kwargs)
+            elif q is not None and self._selector_sample is None and kwargs.get("target_predict") is None:
                 candidates = kwargs["candidates"]
                 accept_len, bonus = verify_block(
                     candidates=candidates, target_logits=kwargs["next_token_logits"], draft_probs=q,
@@ -132,13 +152,16 @@ def _make_worker_class():
             else:
                 out = super()._accept_block(**kwargs)
             reqs = self._specopd_reqs
-            if reqs:
+            if step is not None:
+                step.accept_len = out[0]
+            if reqs and (step is None or step.k > 0):  # a step that verified no draft proposed nothing
                 version = current_version()  # swaps run between batches: the version whose weights drafted this block
                 record_versions(reqs, version)
                 if keep_all or any(wants_trace(r) for r in reqs):
                     candidates = kwargs["candidates"]
                     record_verify_step(reqs, kwargs["prefix_lens"].tolist(), candidates[:, 1:].tolist(),
-                                       out[0].tolist(), version, keep_all=keep_all)
+                                       out[0].tolist(), version, keep_all=keep_all,
+                                       verified=step.k if step is not None and step.narrow else None)
             return out
 
     return SpecOPDWorker

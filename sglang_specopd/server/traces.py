@@ -8,8 +8,12 @@ refused with HTTP 400 by :func:`check_trace_param`). Each verify step then appen
     {"anchor": int,          # position of the anchor token (the last verified token) in the sequence
      "proposed": [int, ...],  # the drafter's block_size - 1 proposed token ids for positions anchor+1 ...
      "accepted": int,         # how many leading proposals the target accepted (0 .. block_size - 1)
-     "drafter_version": str}  # version of the drafter whose weights proposed this block ("initial" until the
+     "drafter_version": str,  # version of the drafter whose weights proposed this block ("initial" until the
                               # first hot swap; sglang_specopd.server.hot_swap)
+     "verified": int}         # only when the speculative policy verified fewer than block_size - 1 proposals:
+                              # how many leading proposals the target checked (server/goodput_step.py)
+
+A step that verified no proposal (the goodput policy's k = 0: a plain decode step) adds no record.
 
 Tokens emitted by that verify step = accepted + 1 (the bonus token). SGLang itself reports the request's mean
 acceptance length (``spec_accept_length``) and verify count (``spec_verify_ct``) in ``meta_info`` always.
@@ -20,7 +24,7 @@ Pure Python, no torch import: the scheduler hands lists in.
 
 from __future__ import annotations
 
-from typing import Any, List, Sequence
+from typing import Any, List, Optional, Sequence
 
 TRACE_KEY = "specopd_trace"
 _PENDING_ATTR = "_specopd_trace_pending"
@@ -55,7 +59,8 @@ def wants_trace(req: Any) -> bool:
 
 
 def record_verify_step(reqs: Sequence[Any], anchors: Sequence[int], proposed: Sequence[Sequence[int]],
-                       accepted: Sequence[int], version: str, *, keep_all: bool = False) -> None:
+                       accepted: Sequence[int], version: str, *, keep_all: bool = False,
+                       verified: Optional[int] = None) -> None:
     """Append one verify record to every request in ``reqs`` that asked for a trace (and, with ``keep_all``, to
     every request's full trace, :func:`take_all`).
 
@@ -66,6 +71,7 @@ def record_verify_step(reqs: Sequence[Any], anchors: Sequence[int], proposed: Se
         accepted: per row, number of accepted drafted tokens.
         version: the version of the drafter that proposed these blocks (the serving one at this verify step).
         keep_all: also keep the record for requests that did not ask (live-traffic recording).
+        verified: how many leading proposals the target checked, when fewer than all (None: all of them).
     """
     version = str(version)
     for req, anchor, prop, acc in zip(reqs, anchors, proposed, accepted):
@@ -74,6 +80,8 @@ def record_verify_step(reqs: Sequence[Any], anchors: Sequence[int], proposed: Se
             continue
         rec = {"anchor": int(anchor), "proposed": [int(t) for t in prop], "accepted": int(acc),
                "drafter_version": version}
+        if verified is not None:
+            rec["verified"] = int(verified)
         if asked:
             _push(req, _PENDING_ATTR, rec)
         if keep_all:
@@ -123,3 +131,23 @@ def record_versions(reqs: Sequence[Any], version: str) -> None:
 def take_pending_versions(req: Any) -> List[str]:
     """Drafter versions first used by ``req`` since its last streamed output (appended to meta_info)."""
     return _take(req, _VERSIONS_PENDING)
+
+
+_VERIFY_K_PENDING = "_specopd_verify_k_pending"
+
+
+def record_verify_k(reqs: Sequence[Any], k: int) -> None:
+    """Note that this decode step verified ``k`` drafts for every request in ``reqs`` (the goodput policy's choice;
+    ``meta_info["specopd_verify_k"]``: one int per verify step)."""
+    for req in reqs:
+        _push(req, _VERIFY_K_PENDING, int(k))
+
+
+def take_pending_verify_k(req: Any) -> List[int]:
+    """The k of ``req``'s verify steps since its last streamed output ([] if none)."""
+    return _take(req, _VERIFY_K_PENDING)
+
+
+def has_pending_verify_k(req: Any) -> bool:
+    """Whether ``req`` has k values not yet streamed."""
+    return bool(getattr(req, _VERIFY_K_PENDING, None))

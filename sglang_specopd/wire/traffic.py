@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 TRAFFIC_PATH = "/specopd/traffic"  # GET (admin): ?after=SEQ&max_items=N
 TRAFFIC_PURGE_PATH = "/specopd/traffic/purge"  # POST (admin): drop every item
@@ -38,6 +38,15 @@ class TraceRecord(BaseModel):
     proposed: List[int]
     accepted: int = Field(ge=0)
     drafter_version: str
+    verified: Optional[int] = Field(default=None, ge=0)  # leading proposals the target checked, when fewer than all
+
+    @model_serializer(mode="wrap")
+    def _without_unset_verified(self, handler):
+        """Records of whole-block steps serialize as before (no ``verified`` key)."""
+        out = handler(self)
+        if isinstance(out, dict) and out.get("verified") is None:
+            out.pop("verified", None)
+        return out
 
 
 class TrafficFeatures(BaseModel):

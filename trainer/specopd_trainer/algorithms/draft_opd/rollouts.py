@@ -58,7 +58,8 @@ def verify_records(trace: Sequence[dict], block_size: int,
     """:class:`VerifyRecord` list of a server trace (records ``{"anchor", "proposed", "accepted"}`` and, from servers
     that record it, ``"drafter_version"``). A record without a version takes the request's when
     ``request_versions`` names exactly one. Records whose accepted count lies outside [0, len(proposed)] are
-    skipped (malformed)."""
+    skipped (malformed). A record with ``"verified": k`` (the goodput policy checked only k proposals) has no
+    first rejected slot when all k were accepted."""
     g = block_size - 1
     fallback = request_versions[0] if len(set(request_versions)) == 1 else None
     out = []
@@ -67,7 +68,9 @@ def verify_records(trace: Sequence[dict], block_size: int,
         if not 0 <= acc <= len(proposed):
             continue
         version = x.get("drafter_version", fallback)
-        out.append(VerifyRecord(int(x["anchor"]), proposed, acc, acc + 1 if acc < min(g, len(proposed)) else None,
+        verified = x.get("verified")  # the goodput policy may verify fewer than all proposals
+        checked = min(g, len(proposed), g if verified is None else int(verified))
+        out.append(VerifyRecord(int(x["anchor"]), proposed, acc, acc + 1 if acc < checked else None,
                                 None if version is None else str(version)))
     return out
 
