@@ -64,6 +64,11 @@ class ServeConfig(BaseModel):
                                      "items (bf16, K x hidden values per token; sglang_specopd.server."
                                      "traffic_features): a trainer on the traffic then needs no second prefill "
                                      "(0 = off; needs traffic_spool_mb > 0)")
+    speculative_policy: Literal["fixed", "goodput"] = Field(
+        default="fixed", description="drafts verified per step (SPECOPD with DFlash drafters): fixed = the whole "
+                                     "block; goodput = k in 0..block_size-1 chosen before each verify from measured "
+                                     "step costs and live acceptance (sglang_specopd.server.goodput, "
+                                     "docs/goodput.md); GET /specopd/policy shows what it does")
     checked_on_gpu: bool = False
     extra_sglang_args: List[str] = Field(default_factory=list)
 

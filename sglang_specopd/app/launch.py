@@ -93,6 +93,7 @@ class LaunchSpec:
     score_queue_wait_s: float = 10.0
     traffic_spool_mb: float = 0  # live-traffic spool (sglang_specopd.server.traffic); 0 = off
     traffic_features_mb: float = 0  # context features captured while serving (server.traffic_features); 0 = off
+    speculative_policy: str = "fixed"  # drafts verified per step: fixed (the block) | goodput (wire/policy.py)
     served_model_name: Optional[str] = None  # the model id the OpenAI API reports (default: SGLang's, the path)
     extra_args: List[str] = field(default_factory=list)
 
@@ -198,6 +199,9 @@ class SGLangServer:
         env = server_env(self.spec.device, prefix_cache_mb=self.spec.prefix_cache_mb, score=self.spec.score_settings(),
                          traffic_spool_mb=self.spec.traffic_spool_mb,
                          traffic_features_mb=self.spec.traffic_features_mb)
+        from sglang_specopd.wire.policy import policy_env
+
+        env.update(policy_env(self.spec.speculative_policy))
         self.tmpdir = make_private_tmpdir(env)
         try:
             self.proc = subprocess.Popen(self.spec.argv(), env=env, stdout=log,
