@@ -105,6 +105,20 @@ def disable_table_qk_norm_rope(result, self, *args, **kwargs):
     return result
 
 
+_VERIFY_SYMBOLS = None
+
+
+def _verify_symbols():
+    """(KVWriteLoc, AttentionType, batched_verify_attention), looked up once: this runs in every attention layer of
+    every verify forward (py-spy: ~0.6% of a served SPECOPD step went to the lookups, issue 42)."""
+    global _VERIFY_SYMBOLS
+    if _VERIFY_SYMBOLS is None:
+        from sglang_specopd.server.cpu.batched_attention import batched_verify_attention
+
+        _VERIFY_SYMBOLS = (compat.get("KVWriteLoc"), compat.get("AttentionType"), batched_verify_attention)
+    return _VERIFY_SYMBOLS
+
+
 def torch_native_forward_extend(original_fn, self, q, k, v, layer, forward_batch, save_kv_cache=True):
     """AROUND hook for ``TorchNativeAttnBackend.forward_extend`` adding TARGET_VERIFY support.
 
@@ -116,7 +130,7 @@ def torch_native_forward_extend(original_fn, self, q, k, v, layer, forward_batch
     """
     if not forward_batch.forward_mode.is_target_verify() or not _is_cpu_device(q.device):
         return original_fn(self, q, k, v, layer, forward_batch, save_kv_cache)
-    KVWriteLoc, AttentionType = compat.get("KVWriteLoc"), compat.get("AttentionType")
+    KVWriteLoc, AttentionType, batched_verify_attention = _verify_symbols()
     spec_info = forward_batch.spec_info
     if spec_info is None:
         raise RuntimeError("TARGET_VERIFY without spec_info: cannot derive the verify block length")
@@ -133,8 +147,6 @@ def torch_native_forward_extend(original_fn, self, q, k, v, layer, forward_batch
     v_cache = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
     req_to_token = self.req_to_token_pool.req_to_token
     causal = getattr(layer, "attn_type", None) != AttentionType.ENCODER_ONLY
-    from sglang_specopd.server.cpu.batched_attention import batched_verify_attention
-
     # Only the n block queries per request (torch_native's extend path would run all L of them), several
     # requests per SDPA call (padded, masked).
     batched_verify_attention(q.view(-1, hq, layer.qk_head_dim), k_cache, v_cache, req_to_token,
