@@ -67,13 +67,14 @@ class _UntilDeadline:
             yield r
 
 
-def init_drafter_dir(run: Path, target: str) -> Path:
-    """The fresh block-8, 2-layer DFlash drafter every stage starts from (created once, seed 0)."""
+def init_drafter_dir(run: Path, target: str, block_size: int = 8) -> Path:
+    """The fresh 2-layer DFlash drafter every stage starts from (created once, seed 0): block 8, the shipped one's,
+    unless ``block_size`` says otherwise (``drafter-init-b<B>``; issue 42's short-block drafters)."""
     from sglang_specopd.wire.drafter_init import init_drafter
 
-    d = run / "drafter-init"
+    d = run / ("drafter-init" if block_size == 8 else f"drafter-init-b{block_size}")
     if not (d / "model.safetensors").is_file():
-        init_drafter(target, d, block_size=8, num_layers=2, seed=0, overwrite=True)
+        init_drafter(target, d, block_size=block_size, num_layers=2, seed=0, overwrite=True)
     return d
 
 
@@ -200,7 +201,7 @@ def sft(args) -> int:
 
     run = Path(args.run_dir)
     target = prepare_model("smollm2")
-    drafter = DFlashDrafter.from_pretrained(init_drafter_dir(run, target), target)
+    drafter = DFlashDrafter.from_pretrained(init_drafter_dir(run, target, args.block_size), target)
     store = FeatureStore(run / "data" / "features", list(drafter.spec.target_layer_ids))
     held = holdout_ids(store.index)
     seqs = store.load()
@@ -274,6 +275,9 @@ def report(args) -> int:
     target = prepare_model("smollm2")
     tok = AutoTokenizer.from_pretrained(target)
     cfg = ServeConfig.load(config_path(args.config))
+    block = json.loads((ddir / "config.json").read_text())["dflash_config"]["block_size"]
+    if cfg.block_size != block:  # a short-block drafter (issue 42) is served at its own block size
+        cfg = cfg.model_copy(update={"block_size": block})
     acceptance, raw = {}, {}
     with SGLangServer(launch_spec(cfg, port=args.port, drafter=str(ddir))) as server:
         for temp, key in ((0.0, "T0"), (1.0, "T1")):
@@ -294,7 +298,7 @@ def report(args) -> int:
                     "block_size": spec["dflash_config"]["block_size"], "num_layers": spec["num_hidden_layers"]},
         "per_request": raw,
     }
-    out = RESULTS / "reference_drafter_smollm2_cpu.json"
+    out = Path(args.out) if args.out else RESULTS / "reference_drafter_smollm2_cpu.json"
     write_result(out, payload, command="python " + " ".join(sys.argv))
     _plot_plateau(curve, acceptance, out.with_suffix(".png"), payload["steps"])
     return 0
@@ -437,6 +441,9 @@ def main(argv=None) -> int:
     t.add_argument("--eval-every", type=int, default=200)
     t.add_argument("--eval-sequences", type=int, default=32)
     t.add_argument("--ckpt-every", type=int, default=100)
+    t.add_argument("--block-size", type=int, default=8,
+                   help="the drafter's block (8: the shipped one's; 4 / 2: issue 42's short-block drafters, trained "
+                        "in their own --run-dir holding a link to this run's data/)")
     r = sub.add_parser("report", help="serve the SFT drafter, held-out tau at T0/T1 with intervals, plateau plot")
     r.add_argument("--run-dir", default=str(RUN))
     r.add_argument("--drafter", default=None, help="drafter dir (default RUN/drafter-sft)")
@@ -445,6 +452,8 @@ def main(argv=None) -> int:
     r.add_argument("--eval-max-new-tokens", type=int, default=128)
     r.add_argument("--concurrency", type=int, default=8)
     r.add_argument("--port", type=int, default=31410)
+    r.add_argument("--out", default=None, help="result file (default: benchmarks/results/reference_drafter_smollm2_cpu"
+                                               ".json)")
     sub.add_parser("replot", help="redraw the plateau plot from the committed result file")
     sh = sub.add_parser("ship", help="copy the reported SFT drafter into the package (bf16) with its record")
     sh.add_argument("--run-dir", default=str(RUN))
