@@ -37,6 +37,8 @@ def tp_rank(rank: int, world: int, init: str, h: torch.Tensor, head: torch.Tenso
 
         out = shard_head_outputs(h, padded[start: start + per], ["topk", "logprobs"], top_k, torch.float32, shard,
                                  gather)
-        queue.put((rank, {k: v.clone() for k, v in out.items()}))
+        # numpy arrays travel by value (torch tensors would go through shared memory that dies with this process)
+        queue.put((rank, {k: v.numpy() for k, v in out.items()}))
+        dist.barrier()  # a rank that closed its sockets early would reset its peer's last all-gather
     finally:
         dist.destroy_process_group()

@@ -61,7 +61,8 @@ def test_vocab_sharded_head_over_two_gloo_ranks_matches_unsharded(vocab: int, to
     procs = [ctx.Process(target=tp_rank, args=(r, 2, init, h, head, top_k, queue)) for r in range(2)]
     for p in procs:
         p.start()
-    got = dict(queue.get(timeout=300) for _ in procs)
+    got = {rank: {k: torch.from_numpy(v) for k, v in out.items()}
+           for rank, out in (queue.get(timeout=300) for _ in procs)}
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0

@@ -5,7 +5,40 @@ target and the tensor-parallel size, its weights when here, and the algorithm an
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Dict, List, Optional, Sequence
+
+
+def tp_size(args: Sequence[str]) -> int:
+    """The tensor-parallel size in SGLang flags (``--tp-size N``, ``--tp N``, ``--tensor-parallel-size N``, or
+    ``=N``); 1 when absent. Raises ValueError for a non-integer value."""
+    names = ("--tp-size", "--tp", "--tensor-parallel-size")
+    args = list(args)
+    for i, a in enumerate(args):
+        key, eq, val = a.partition("=")
+        if key in names:
+            return int(val if eq else args[i + 1])
+    return 1
+
+
+def _split(what: str, total: Any, tp: int, replicate: bool = False) -> Optional[str]:
+    """The problem of splitting ``total`` units of ``what`` over ``tp`` ranks (None when fine or not known)."""
+    if not isinstance(total, int) or tp <= 1:
+        return None
+    if total >= tp or not replicate:
+        return None if total % tp == 0 else f"{what} {total} is not divisible by --tp-size {tp}"
+    return None if tp % total == 0 else f"{what} {total} < --tp-size {tp} must divide it (replicated)"
+
+
+def tp_problems(cfg: Dict[str, Any], tp: int, who: str) -> List[str]:
+    """Tensor-parallel splits of a model config dict (``text_config`` used when present) that SGLang refuses."""
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    checks = [("attention heads", text.get("num_attention_heads"), False),
+              ("KV heads", text.get("num_key_value_heads"), True),
+              ("MLP width (intermediate_size)", text.get("intermediate_size"), False),
+              ("expert MLP width (moe_intermediate_size)", text.get("moe_intermediate_size"), False),
+              ("GDN key heads (linear_num_key_heads)", text.get("linear_num_key_heads"), False),
+              ("GDN value heads (linear_num_value_heads)", text.get("linear_num_value_heads"), False)]
+    return [f"{who}: {p}" for what, total, rep in checks if (p := _split(what, total, tp, rep))]
 
 
 def _facts(tdir: Optional[Path]):
@@ -31,7 +64,6 @@ def check_drafter_dir(out: Any, cfg: Any, ddir: Path, tdir: Optional[Path], tp: 
     (None when its config cannot be read)."""
     from sglang_specopd.app.drafter_check import describe, target_problems, tensor_problems
     from sglang_specopd.app.serve import DrafterInvalidError, serving_algorithm
-    from sglang_specopd.app.serve_dry_run import tp_problems
     from sglang_specopd.wire.checkpoint_info import TargetConfigError
     from sglang_specopd.wire.drafter_archs import arch_for_spec, resolve_drafter_config
     from sglang_specopd.wire.drafter_format import DrafterConfigError, read_drafter_config

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from sglang_specopd.app.config import ServeConfig
+from sglang_specopd.app.serve_dry_drafter import check_drafter_dir, tp_problems, tp_size  # noqa: F401 (API)
 
 
 @dataclass
@@ -61,39 +62,6 @@ def attention_backend_choices() -> List[str]:
     return []
 
 
-def tp_size(args: Sequence[str]) -> int:
-    """The tensor-parallel size in SGLang flags (``--tp-size N``, ``--tp N``, ``--tensor-parallel-size N``, or
-    ``=N``); 1 when absent. Raises ValueError for a non-integer value."""
-    names = ("--tp-size", "--tp", "--tensor-parallel-size")
-    args = list(args)
-    for i, a in enumerate(args):
-        key, eq, val = a.partition("=")
-        if key in names:
-            return int(val if eq else args[i + 1])
-    return 1
-
-
-def _split(what: str, total: Any, tp: int, replicate: bool = False) -> Optional[str]:
-    """The problem of splitting ``total`` units of ``what`` over ``tp`` ranks (None when fine or not known)."""
-    if not isinstance(total, int) or tp <= 1:
-        return None
-    if total >= tp or not replicate:
-        return None if total % tp == 0 else f"{what} {total} is not divisible by --tp-size {tp}"
-    return None if tp % total == 0 else f"{what} {total} < --tp-size {tp} must divide it (replicated)"
-
-
-def tp_problems(cfg: Dict[str, Any], tp: int, who: str) -> List[str]:
-    """Tensor-parallel splits of a model config dict (``text_config`` used when present) that SGLang refuses."""
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
-    checks = [("attention heads", text.get("num_attention_heads"), False),
-              ("KV heads", text.get("num_key_value_heads"), True),
-              ("MLP width (intermediate_size)", text.get("intermediate_size"), False),
-              ("expert MLP width (moe_intermediate_size)", text.get("moe_intermediate_size"), False),
-              ("GDN key heads (linear_num_key_heads)", text.get("linear_num_key_heads"), False),
-              ("GDN value heads (linear_num_value_heads)", text.get("linear_num_value_heads"), False)]
-    return [f"{who}: {p}" for what, total, rep in checks if (p := _split(what, total, tp, rep))]
-
-
 def _config_dir(primary: Optional[Path], fallback: Optional[str]) -> Optional[Path]:
     if primary is not None and (primary / "config.json").is_file():
         return primary
@@ -112,7 +80,6 @@ def dry_run(cfg: ServeConfig, *, host: str = "127.0.0.1", port: int = 30000, api
     from sglang_specopd.app.launch import LaunchSpec, server_env
     from sglang_specopd.app.models import ModelsError, resolve_target
     from sglang_specopd.app.serve import choose_drafter
-    from sglang_specopd.app.serve_dry_drafter import check_drafter_dir
 
     out = DryRun()
     out.ok.append(f"config {cfg.name!r}: valid")

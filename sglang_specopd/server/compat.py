@@ -261,10 +261,8 @@ SYMBOLS: Tuple[Symbol, ...] = (
     _s("LlamaModel.forward", "sglang.srt.models.llama", "LlamaModel.forward", R,
        ("self", "input_ids", "positions", "forward_batch"), used_by="scoring"),
     # the vocab-parallel LM head's group: score_trees gathers its per-rank statistics over it (score_head.py)
-    _s("get_tp_group", "sglang.srt.distributed.parallel_state", "get_tp_group", R, used_by="scoring"),
-    _s("get_attn_tp_group", "sglang.srt.distributed.parallel_state", "get_attn_tp_group", R, used_by="scoring"),
-    _s("GroupCoordinator", "sglang.srt.distributed.parallel_state", "GroupCoordinator", R,
-       attrs=("all_gather", "world_size"), used_by="scoring"),
+    _s("get_tp_group", "sglang.srt.distributed.parallel_state", "get_tp_group", R, used_by="score_head"),
+    _s("get_attn_tp_group", "sglang.srt.distributed.parallel_state", "get_attn_tp_group", R, used_by="score_head"),
     *(_s(name, _WU, name, BEFORE, ("self",), used_by="prefix_cache") for name in WEIGHT_UPDATE_HOOKS),
     # --- tree scoring on hybrid Gated DeltaNet targets (score_gdn.py) ---
     _s("RadixLinearAttention", "sglang.srt.layers.radix_linear_attention", "RadixLinearAttention", R,

@@ -141,6 +141,9 @@ def served_head(model, vocab_size: int) -> ServedHead:
     world = int(getattr(module, "tp_size", 1) or 1)
     gather = identity_gather
     if world > 1:
-        group = compat.get("get_attn_tp_group" if getattr(module, "use_attn_tp_group", False) else "get_tp_group")()
+        if getattr(module, "use_attn_tp_group", False):
+            group = compat.get("get_attn_tp_group")()
+        else:
+            group = compat.get("get_tp_group")()
         gather = lambda t: group.all_gather(t.contiguous(), dim=-1)  # noqa: E731
     return ServedHead(module.weight, head_shard_of(module, module.weight, vocab_size, world), gather)
