@@ -88,6 +88,9 @@ def test_wheel_has_everything_the_cpu_path_loads(built_wheel: tuple[Path, str]) 
             member = f"sglang_specopd/server_configs/{cfg.name}"
             assert member in names, member
             assert zf.read(member) == cfg.read_bytes()
+        # the GPU-verified kernel records decide the CUDA kernels at run time (specopd_kernels.verified)
+        records = "specopd_kernels/verified_kernels.json"
+        assert zf.read(records) == (REPO / "kernels" / records).read_bytes()
         for pkg in ("sglang_specopd", "sglang_specopd/app", "sglang_specopd/server", "sglang_specopd/wire",
                     "specopd_kernels", "specopd_trainer", "specopd_trainer/loops"):
             assert f"{pkg}/__init__.py" in names, pkg
