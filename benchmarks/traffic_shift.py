@@ -11,7 +11,7 @@ the new domains' first ``--curve-per-domain`` held-out prompts at ``--curve-minu
 and at the end ``--eval-new`` held-out prompts per new domain and ``--eval-old`` per old domain (forgetting), all
 served tau at T=0 with bootstrap intervals, the adapted arms paired with the static one on the same prompts.
 Also: serving ITL p99 during the shift with and without the adapter, 5xx count, and (``--feature-cost``) what
-capturing features while serving costs the server and saves the trainer (:mod:`traffic_shift.feature_cost`).
+capturing features while serving costs the server and saves the trainer (:mod:`shift.feature_cost`).
 
 Result: ``benchmarks/results/traffic_shift_smollm2_cpu.json`` + a PNG beside it. Resumable: each finished arm is
 kept in ``--run-dir``/arms.json and not run again::
@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from traffic_shift.result import arm_key, assemble, missing_arms  # noqa: E402
+from shift.result import arm_key, assemble, missing_arms  # noqa: E402
 
 NEW = ("japanese", "wordsort")
 OLD = ("dialogue", "coding", "math", "agentic")
@@ -52,7 +52,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--eval-new", type=int, default=24)
     p.add_argument("--eval-old", type=int, default=12)
     p.add_argument("--eval-max-new-tokens", type=int, default=64)
-    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--algorithm-options", default='{"sft": {"seqs_per_step": 4}}',
                    help="JSON: per algorithm, overrides of its config (specopd adapt --set)")
     p.add_argument("--feature-cost", action="store_true", help="also measure the cost of feature capture")
@@ -79,9 +79,9 @@ def main(argv=None) -> int:
     from sglang_specopd.app.results import write_result
     from sglang_specopd.app.serve import config_path, resolve_drafter
     from specopd_trainer.data import domain_split
-    from traffic_shift.arm import run_arm, say
-    from traffic_shift.measure import held_out
-    from traffic_shift.plot import plot
+    from shift.arm import run_arm, say
+    from shift.measure import held_out
+    from shift.plot import plot
 
     args = parse(argv)
     s = settings_of(args)
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
         store.write_text(json.dumps({"settings": s, "arms": arms, "feature": done.get("feature")}) + "\n")
     feature = done.get("feature")
     if args.feature_cost and feature is None:
-        from traffic_shift.feature_cost import feature_cost
+        from shift.feature_cost import feature_cost
 
         drafter = resolve_drafter(serve_cfg, target)
         layer_ids = json.loads((Path(drafter) / "config.json").read_text())["dflash_config"]["target_layer_ids"]

@@ -15,7 +15,8 @@ from sglang_specopd.app.train_commands import AlgorithmGroup, OneLineCommand
 from sglang_specopd.app.train_options import _config, _guarded
 
 # `specopd main` option -> MainJobConfig field (for one-line errors that name the flag)
-_MAIN_FLAGS = {"config": "--config", "traffic_minutes": "--traffic-minutes", "eval_new": "--eval-new",
+_MAIN_FLAGS = {"config": "--config", "traffic_minutes": "--traffic-minutes", "old_minutes": "--old-minutes",
+               "eval_new": "--eval-new",
                "eval_old": "--eval-old", "algorithm": "--algorithm", "streams": "--streams", "out": "--out"}
 
 
@@ -23,6 +24,7 @@ _MAIN_FLAGS = {"config": "--config", "traffic_minutes": "--traffic-minutes", "ev
 def main_job(
     config: str = typer.Option("cpu-smollm2-adapt", "--config", "-c", help="Server config (name or YAML path); it "
                                "must keep a traffic spool (traffic_spool_mb > 0)."),
+    old_minutes: float = typer.Option(2.0, help="Minutes of the old domains' traffic before the shift."),
     traffic_minutes: float = typer.Option(8.0, help="Minutes of shifted traffic while the drafter adapts."),
     streams: int = typer.Option(3, help="Concurrent users sending the traffic."),
     algorithm: str = typer.Option("sft", help="The adapter's training algorithm (sft, specopd, draft-opd)."),
@@ -46,6 +48,7 @@ def main_job(
         from sglang_specopd.wire.home import specopd_home
 
         cfg = _config(MainJobConfig, _MAIN_FLAGS, {"config": config, "traffic_minutes": traffic_minutes,
+                                                   "old_minutes": old_minutes,
                                                    "streams": streams, "algorithm": algorithm, "eval_new": eval_new,
                                                    "eval_old": eval_old, "out": out})
         console = Console(stderr=True)

@@ -6,10 +6,12 @@ live, against ONE local SGLang server that keeps serving throughout.
 2. measure served tau (T=0) on held-out prompts of the NEW domains (``japanese``, ``wordsort``: never seen by the
    shipped drafter) and of the four OLD ones (:func:`specopd_trainer.evaluate.evaluate_acceptance`); the adapter
    starts reading the spool after those measurement requests (they are not traffic to learn from);
-3. shifted traffic: ``streams`` users send the new domains' train-split prompts through the OpenAI chat API
-   (:class:`sglang_specopd.app.traffic_load.ChatLoad`) for ``traffic_minutes`` while ``specopd adapt``'s loop
-   (:class:`specopd_trainer.adapt.loop.Adapter`) reads that traffic, trains a candidate with ``algorithm`` and pushes
-   it hot only when it beats the deployed drafter on the held-out slice of the traffic;
+3. traffic: ``streams`` users send the OLD domains' train-split prompts through the OpenAI chat API
+   (:class:`sglang_specopd.app.traffic_load.ChatLoad`) for ``old_minutes`` (what the server usually serves), then
+   the NEW domains' for ``traffic_minutes`` (the shift), while ``specopd adapt``'s loop
+   (:class:`specopd_trainer.adapt.loop.Adapter`, in a thread) reads that traffic, trains a candidate with
+   ``algorithm`` and pushes it hot only when it beats the deployed drafter on the held-out slice of the traffic and
+   is not worse on the older held-out traffic (the old domains);
 4. measure the same held-out prompts again with whatever is deployed; the paired change per group with its bootstrap
    interval, what was deployed and why, one chat completion, timings, all also written as JSON.
 """
@@ -23,6 +25,9 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 from pydantic import BaseModel, ConfigDict, Field
 
 ADMIN_KEY = "specopd-main-job"
+# the adapter's algorithm settings: SFT steps of 4 served requests x 16 anchors (the library default of 8 requests
+# makes a step ~2x longer on 2 CPU cores shared with the server and its users)
+ADAPT_OPTIONS = {"sft": {"seqs_per_step": 4}}
 NEW_DOMAINS = ("japanese", "wordsort")
 OLD_DOMAINS = ("dialogue", "coding", "math", "agentic")
 
@@ -38,11 +43,12 @@ class MainJobConfig(BaseModel):
     eval_new: int = Field(default=24, ge=1, description="held-out prompts per new domain (tau before / after)")
     eval_old: int = Field(default=6, ge=1, description="held-out prompts per old domain (forgetting check)")
     eval_max_new_tokens: int = Field(default=64, ge=8)
+    old_minutes: float = Field(default=2.0, ge=0, description="minutes of old-domain traffic before the shift")
     traffic_minutes: float = Field(default=8.0, gt=0, description="minutes of shifted traffic while adapting")
     streams: int = Field(default=3, ge=1, description="concurrent users sending the traffic")
     traffic_max_tokens: int = Field(default=96, ge=8)
     algorithm: str = Field(default="sft", description="the adapter's training algorithm (specopd adapt)")
-    lr: float = Field(default=3e-4, gt=0)
+    lr: float = Field(default=1e-4, gt=0, description="the adapter's learning rate")
     out: Optional[Path] = Field(default=None, description="also write the summary JSON there (a result file: an "
                                                           "earlier one moves to history/)")
     port: int = 0
@@ -57,7 +63,7 @@ def run_main_job(cfg: MainJobConfig, say=print) -> Dict[str, Any]:
     from sglang_specopd.app.main_job_report import summary
     from sglang_specopd.app.models import KNOWN_MODELS, prepare_model
     from sglang_specopd.app.serve import config_path, launch_spec
-    from sglang_specopd.app.traffic_load import ChatLoad, mixed
+    from sglang_specopd.app.traffic_load import mixed
     from sglang_specopd.wire.home import specopd_home
     from specopd_trainer.adapt.config import AdaptConfig
     from specopd_trainer.adapt.loop import Adapter
@@ -82,22 +88,21 @@ def run_main_job(cfg: MainJobConfig, say=print) -> Dict[str, Any]:
         before = _measure(server.url, target, cfg, say, "before adapting")
         timings["eval_before_s"] = round(time.monotonic() - t0, 1)
         drafter = drafter_class_for_checkpoint(spec.drafter_path).from_pretrained(spec.drafter_path, target)
-        # start_at newest: the measurement requests already spooled are not traffic to learn from
-        adapt_cfg = AdaptConfig(algorithm=cfg.algorithm, lr=cfg.lr, max_minutes=cfg.traffic_minutes,
-                                log_every_s=30.0, start_at="newest")
+        adapt_cfg = AdaptConfig(algorithm=cfg.algorithm, lr=cfg.lr, log_every_s=30.0, start_at="newest",
+                                algorithm_options=dict(ADAPT_OPTIONS.get(cfg.algorithm, {})))
         adapter = Adapter(client, drafter, run_dir, adapt_cfg,
                           push=lambda d, version: push_drafter(server.url, d, version, ADMIN_KEY),
                           serving_version=lambda: client._request("GET", "/specopd/drafter").json().get("version"),
                           progress=True)
-        records = mixed([r for d in cfg.new_domains for r in domain_split(d)[0]], seed=0)
-        say(f"shifted traffic: {cfg.streams} users send {', '.join(cfg.new_domains)} prompts for "
-            f"{cfg.traffic_minutes:g} min; specopd adapt ({cfg.algorithm}) learns from it, every "
-            f"{adapt_cfg.holdout_every}th request held out to judge candidates")
+        old = mixed([r for d in cfg.old_domains for r in domain_split(d)[0]], seed=0)
+        new = mixed([r for d in cfg.new_domains for r in domain_split(d)[0]], seed=0)
+        say(f"traffic: {cfg.streams} users send {', '.join(cfg.old_domains)} prompts for {cfg.old_minutes:g} min, "
+            f"then {', '.join(cfg.new_domains)} prompts for {cfg.traffic_minutes:g} min; specopd adapt "
+            f"({cfg.algorithm}) learns from it, every {adapt_cfg.holdout_every}th request held out")
         t0 = time.monotonic()
-        with ChatLoad(server.url, records, streams=cfg.streams, max_tokens=cfg.traffic_max_tokens) as load:
-            adapted = adapter.run()
+        served, adapted = _traffic(server.url, adapter, cfg, old, new, say)
         timings["traffic_and_adapt_s"] = round(time.monotonic() - t0, 1)
-        served = load.snapshot()
+        records = new
         t0 = time.monotonic()
         after = _measure(server.url, target, cfg, say, "after adapting")
         timings["eval_after_s"] = round(time.monotonic() - t0, 1)
@@ -111,6 +116,37 @@ def run_main_job(cfg: MainJobConfig, say=print) -> Dict[str, Any]:
     timings["total_s"] = round(time.monotonic() - t_start, 1)
     return summary(cfg, before=before, after=after, adapted=adapted, served=served, serving=info, chat=chat,
                    saved=saved, timings=timings, run_dir=run_dir, start_drafter=spec.drafter_path)
+
+
+def _traffic(url: str, adapter, cfg: MainJobConfig, old, new, say):
+    """The users' traffic (old domains, then new) with the adapter running in a thread; (chat records, its
+    summary). Ctrl-C stops the adapter cleanly (checkpointed) before it propagates."""
+    import threading
+
+    from sglang_specopd.app.traffic_load import ChatLoad
+
+    box: Dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: box.update(out=adapter.run()), name="specopd-adapt", daemon=True)
+    thread.start()
+    kw = dict(streams=cfg.streams, max_tokens=cfg.traffic_max_tokens)
+    served = []
+    try:
+        if cfg.old_minutes > 0:
+            with ChatLoad(url, old, **kw) as load:
+                time.sleep(cfg.old_minutes * 60)
+            served += load.snapshot()
+            say("the traffic shifts to " + ", ".join(cfg.new_domains))
+        with ChatLoad(url, new, **kw) as load:
+            time.sleep(cfg.traffic_minutes * 60)
+            adapter.request_stop("main job: traffic over")
+            thread.join()
+        served += load.snapshot()
+    finally:
+        adapter.request_stop("main job: stopped")
+        thread.join()
+    if "out" not in box:
+        raise RuntimeError("the adapter stopped with an error (see above)")
+    return served, box["out"]
 
 
 def _measure(url: str, target: Path, cfg: MainJobConfig, say, when: str) -> Dict[str, Any]:

@@ -32,7 +32,7 @@ class AdaptConfig(BaseModel):
     min_gain: float = Field(default=0.0, ge=0, description="the tau gain (tokens per verify) the rule must clear")
     rollback: bool = Field(default=True, description="push the previous drafter back when the deployed one measures "
                                                      "worse than it on the held-out slice (interval below 0)")
-    lr: float = Field(default=3e-4, gt=0, description="AdamW learning rate (after a linear warmup)")
+    lr: float = Field(default=1e-4, gt=0, description="AdamW learning rate (after a linear warmup)")
     warmup_steps: int = Field(default=10, ge=0, description="linear LR warmup steps")
     weight_decay: float = Field(default=0.0, ge=0)
     grad_clip: float = Field(default=1.0, gt=0)

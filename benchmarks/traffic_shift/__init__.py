@@ -1,3 +1,0 @@
-"""Pieces of ``benchmarks/traffic_shift.py``: one arm against its own server (:mod:`.arm`), measurements
-(:mod:`.measure`), the cost of capturing features while serving (:mod:`.feature_cost`), the result (:mod:`.result`)
-and its plot (:mod:`.plot`)."""
