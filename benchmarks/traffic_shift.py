@@ -58,6 +58,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--feature-cost", action="store_true", help="also measure the cost of feature capture")
     p.add_argument("--feature-minutes", type=float, default=3.0)
     p.add_argument("--run-dir", type=Path, default=Path("runs/traffic_shift"))
+    p.add_argument("--assemble-only", action="store_true", help="write the result from the arms finished so far "
+                   "(no server started; arms not run are absent)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p.parse_args(argv)
 
@@ -100,7 +102,7 @@ def main(argv=None) -> int:
     if done.get("settings", s) != s:
         raise SystemExit(f"{store} holds arms run with other settings; use another --run-dir")
     arms = done.get("arms", {})
-    for a in missing_arms(s, arms):
+    for a in ([] if args.assemble_only else missing_arms(s, arms)):
         algorithm = None if a == "static" else a
         local = dict(s)
         if algorithm is None and s["static_shift_minutes"]:
@@ -109,7 +111,7 @@ def main(argv=None) -> int:
         arms[arm_key(algorithm)] = run_arm(a, algorithm, serve_cfg, target, local, prompts, args.run_dir)
         store.write_text(json.dumps({"settings": s, "arms": arms, "feature": done.get("feature")}) + "\n")
     feature = done.get("feature")
-    if args.feature_cost and feature is None:
+    if args.feature_cost and feature is None and not args.assemble_only:
         from shift.feature_cost import feature_cost
 
         drafter = resolve_drafter(serve_cfg, target)
@@ -117,6 +119,7 @@ def main(argv=None) -> int:
         feature = feature_cost(serve_cfg, target, prompts, s, layer_ids)
         store.write_text(json.dumps({"settings": s, "arms": arms, "feature": feature}) + "\n")
     result = assemble(s, arms, feature, SOURCES)
+    result["arms_not_run"] = missing_arms(s, arms)
     path = write_result(args.out, result)
     plot(result, args.out.with_suffix(".png"))
     say(f"wrote {path}")

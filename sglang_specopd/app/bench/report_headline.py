@@ -112,7 +112,9 @@ def _kernels(name: str, data: Mapping[str, Any]) -> List[Row]:
 
 def headline_rows(results: Mapping[str, Mapping[str, Any]]) -> List[Row]:
     """The rows present in ``results`` (``{file name: data}``), in reading order."""
-    rows: List[Row] = []
+    from sglang_specopd.app.bench.report_adapt import headline as adapt_rows
+
+    rows: List[Row] = adapt_rows(results)  # the product's reason to exist leads
     for name, fn in (("concurrency_reference_smollm2_cpu.json", _serving),
                      ("verify_cost_smollm2_cpu.json", _break_even),
                      ("reference_drafter_smollm2_cpu.json", _reference),
