@@ -241,7 +241,7 @@ def _adapter(sp, pushes, run_dir, **overrides):
     from specopd_trainer.adapt.loop import Adapter
 
     cfg = AdaptConfig(**{"min_holdout": 6, "holdout_every": 4, "eval_every": 40, "min_train_tokens": 64,
-                         "lr": 1e-2, "warmup_steps": 2, "poll_s": 0.01, "ckpt_every": 10, "max_steps": 200,
+                         "lr": 1e-2, "warmup_steps": 2, "poll_s": 0.01, "ckpt_every": 10, "max_steps": 200, "retain": 0.0,
                          "algorithm_options": {"seqs_per_step": 4, "anchors_per_seq": 8}, **overrides})
     return Adapter(sp, tiny_drafter(seed=0), run_dir, cfg, push=pushes, serving_version=lambda: sp.version,
                    progress=False, sleep=lambda s: None)
@@ -367,3 +367,41 @@ def test_a_candidate_worse_on_older_traffic_is_not_deployed(tmp_path, monkeypatc
          "completion_tokens": (20 if d is ad.drafter else 12) if s.id in recent else 15} for s in seqs])
     v = ad.judge()  # equal on the older traffic: deployed
     assert v["deploy"] is True and v["older"]["ci95"] == [0.0, 0.0] and len(pushes.versions) == 1
+
+
+def test_retention_loss_is_the_kl_to_the_start_on_the_slots_it_got_right():
+    """Two slots over a 2-token vocabulary: the start (anchor) is right on slot 0 only, so the loss is slot 0's
+    KL(anchor || drafter) = sum_v p_v log(p_v / q_v), computed by hand; no qualifying slot gives 0."""
+    import math
+
+    from specopd_trainer.algorithms.sft.adapt import retention_loss
+
+    p = [0.8, 0.2]
+    q = [0.5, 0.5]
+    anchor = torch.log(torch.tensor([[[0.8, 0.2], [0.6, 0.4]]]))  # [1 block, 2 slots, V=2], argmax 0 and 0
+    drafter = torch.log(torch.tensor([[[0.5, 0.5], [0.1, 0.9]]])).requires_grad_()
+    labels = torch.tensor([[0, 1]])  # slot 0 right, slot 1 wrong
+    loss = retention_loss(anchor, drafter, labels)
+    want = sum(pi * math.log(pi / qi) for pi, qi in zip(p, q))
+    assert loss.item() == pytest.approx(want, rel=1e-6)
+    loss.backward()
+    assert drafter.grad[0, 1].abs().sum() == 0  # the wrong slot is not pulled towards the start
+    assert retention_loss(anchor, drafter, torch.tensor([[1, -100]])).item() == 0.0
+
+
+def test_retention_draws_the_requests_served_well(tmp_path):
+    """With retain on, one request of a step trains the retention loss, drawn by its served acceptance: a request
+    whose trace accepted 3 drafts per step weighs 3.05 against 0.05 for one that accepted none."""
+    from specopd_trainer.algorithms.sft.adapt import served_well
+
+    sp = _spool_with_traffic(n=24)
+    for it in sp.items[:12]:
+        it["trace"][0]["accepted"] = 3  # well served
+    for it in sp.items[12:]:
+        it["trace"][0]["accepted"] = 0
+    ad = _adapter(sp, Pushes(sp), tmp_path / "run", retain=0.25, max_steps=4)
+    ad.run()
+    good = [s for s in ad.train_buf.sequences if s.records[0]["accepted"] == 3]
+    assert good and served_well(good[0]) == pytest.approx(3.05) and served_well(ad.train_buf.sequences[-1]) == 0.05
+    _, m = ad.step_fn(torch.Generator().manual_seed(1))
+    assert m["retained_slots"] >= 0 and m["supervised_tokens"] == 3 * 8 * 3  # 3 CE requests x 8 anchors x G=3

@@ -74,6 +74,7 @@ class Adapter:
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
         self.state = AdaptState()
         self.deployed = copy.deepcopy(drafter)  # the drafter the server serves (weights), for the guard's walks
+        self.anchor = copy.deepcopy(drafter).requires_grad_(False)  # the run's start drafter (retention term)
         self.previous: Optional[Dict[str, torch.Tensor]] = None  # the one before it (rollback)
         self._resume()
         self.features.counts.update({k: int(v) for k, v in self.state.features.items()})
@@ -81,7 +82,8 @@ class Adapter:
                                     vocab_size=int(drafter.spec.vocab_size), max_items=cfg.read_items,
                                     max_item_tokens=cfg.max_item_tokens)
         self._train_view: List[TrafficSequence] = self.train_buf.sequences
-        ctx = AdaptContext(drafter=drafter, client=client, train=_View(self), fresh_versions=self.fresh_versions)
+        ctx = AdaptContext(drafter=drafter, client=client, train=_View(self), fresh_versions=self.fresh_versions,
+                           anchor=self.anchor, retain=cfg.retain)
         self.step_fn = alg.adapt(ctx, alg.make_config(**cfg.algorithm_options))
         self._dep_cache: Dict[str, dict] = {}
         self._stop: Optional[str] = None
@@ -104,6 +106,8 @@ class Adapter:
         self.drafter.load_state_dict(saved["drafter"])
         self.opt.load_state_dict(saved["optimizer"])
         self.deployed.load_state_dict(saved["deployed"])
+        if "anchor" in saved:
+            self.anchor.load_state_dict(saved["anchor"])
         self.previous = saved.get("previous")
         self.state = AdaptState.from_dict(saved["state"])
         serving = self._serving_version()
@@ -116,7 +120,8 @@ class Adapter:
         self.state.features = dict(self.features.counts)
         save_checkpoint(self.run_dir, self.state.step, {
             "drafter": self.drafter.state_dict(), "optimizer": self.opt.state_dict(),
-            "deployed": self.deployed.state_dict(), "previous": self.previous, "state": self.state.as_dict(),
+            "deployed": self.deployed.state_dict(), "anchor": self.anchor.state_dict(), "previous": self.previous,
+            "state": self.state.as_dict(),
             "config": self.cfg.model_dump()})
 
     def fresh_versions(self) -> set:

@@ -82,12 +82,17 @@ class AdaptContext:
     context features, prompt length, the served verify records, the drafter version each was served by), oldest
     first; it changes between steps (new traffic in, oldest out). fresh_versions: ``() -> set`` of drafter versions
     whose served records are on-policy enough to replay (the deployed one and the last ``max_staleness`` before it).
+    anchor: a frozen copy of the drafter the run started from (None: no retention term). retain: the fraction of each
+    step's requests trained to keep the anchor's predictions where the anchor was right (not to forget what it served
+    well; steps that support it, e.g. SFT's).
     """
 
     drafter: Any
     client: Any
     train: Sequence
     fresh_versions: Callable[[], Any]
+    anchor: Any = None
+    retain: float = 0.0
 
 
 # step(gen) -> (loss: float, metrics with "supervised_tokens"): forward AND backward; the adapter steps the optimiser
