@@ -38,10 +38,15 @@ def check_trace_param(custom_params: Any) -> None:
     Args:
         custom_params: a request's ``sampling_params.custom_params`` (any JSON value; only a dict can hold the key).
     """
-    if isinstance(custom_params, dict) and TRACE_KEY in custom_params:
-        value = custom_params[TRACE_KEY]
+    check_bool_param(custom_params, TRACE_KEY)
+
+
+def check_bool_param(custom_params: Any, key: str) -> None:
+    """Raise ``ValueError`` (HTTP 400) if ``custom_params[key]`` is present and not a JSON boolean."""
+    if isinstance(custom_params, dict) and key in custom_params:
+        value = custom_params[key]
         if not isinstance(value, bool):
-            raise ValueError(f"custom_params.{TRACE_KEY} must be true or false, got {type(value).__name__} "
+            raise ValueError(f"custom_params.{key} must be true or false, got {type(value).__name__} "
                              f"{str(value)[:40]!r}")
 
 

@@ -38,7 +38,8 @@ import time
 import uuid
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from sglang_specopd.wire.traffic import DEFAULT_ITEMS_PER_READ, MAX_ITEMS_PER_READ, MAX_REPLY_BYTES
+from sglang_specopd.wire.traffic import (DEFAULT_ITEMS_PER_READ, MAX_ITEMS_PER_READ, MAX_REPLY_BYTES, budget_env,
+                                         budget_from_env)
 
 SPOOL_BYTES_ENV = "SPECOPD_TRAFFIC_SPOOL_BYTES"
 OFF_REASON = ("live-traffic recording is off on this server (set traffic_spool_mb > 0 in its server config; "
@@ -53,11 +54,9 @@ SPOOL_PARAM = "specopd_spool"  # custom_params.specopd_spool: false keeps a requ
 
 def check_spool_param(custom_params: Any) -> None:
     """Raise ``ValueError`` (HTTP 400) if ``custom_params["specopd_spool"]`` is present and not a JSON boolean."""
-    if isinstance(custom_params, dict) and SPOOL_PARAM in custom_params:
-        value = custom_params[SPOOL_PARAM]
-        if not isinstance(value, bool):
-            raise ValueError(f"custom_params.{SPOOL_PARAM} must be true or false, got {type(value).__name__} "
-                             f"{str(value)[:40]!r}")
+    from sglang_specopd.server.traces import check_bool_param
+
+    check_bool_param(custom_params, SPOOL_PARAM)
 
 
 def verify_spool_param(result: Any, sampling_params: Any, *args: Any, **kwargs: Any) -> Any:
@@ -76,21 +75,12 @@ def opted_out(req: Any) -> bool:
 def spool_budget_bytes(environ: Optional[Mapping[str, str]] = None) -> int:
     """The spool's byte budget from ``SPECOPD_TRAFFIC_SPOOL_BYTES`` (unset or 0: recording off).
     Raises ValueError when the variable is not an integer >= 0."""
-    raw = (os.environ if environ is None else environ).get(SPOOL_BYTES_ENV, "").strip()
-    try:
-        value = int(raw) if raw else 0
-    except ValueError:
-        raise ValueError(f"{SPOOL_BYTES_ENV} must be an integer >= 0, got {raw!r}") from None
-    if value < 0:
-        raise ValueError(f"{SPOOL_BYTES_ENV} must be >= 0, got {value}")
-    return value
+    return budget_from_env(SPOOL_BYTES_ENV, os.environ if environ is None else environ)
 
 
 def spool_env(traffic_spool_mb: float) -> Dict[str, str]:
     """The environment that carries ``traffic_spool_mb`` (MiB, fractions allowed) to the server's processes."""
-    if traffic_spool_mb < 0:
-        raise ValueError(f"traffic_spool_mb must be >= 0, got {traffic_spool_mb}")
-    return {SPOOL_BYTES_ENV: str(int(traffic_spool_mb * 2**20))}
+    return budget_env(SPOOL_BYTES_ENV, "traffic_spool_mb", traffic_spool_mb)
 
 
 def _compact(obj: Any) -> bytes:

@@ -32,6 +32,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from sglang_specopd.wire.traffic import MAX_FEATURE_SEQS_PER_READ as MAX_SEQS_PER_READ
+from sglang_specopd.wire.traffic import budget_env, budget_from_env
 
 FEATURES_BYTES_ENV = "SPECOPD_TRAFFIC_FEATURES_BYTES"
 OFF_REASON = ("feature capture is off on this server (set traffic_features_mb > 0 and traffic_spool_mb > 0 in its "
@@ -43,21 +44,12 @@ STORE_DTYPE = torch.bfloat16
 def features_budget_bytes(environ: Optional[Mapping[str, str]] = None) -> int:
     """The feature ring's byte budget from ``SPECOPD_TRAFFIC_FEATURES_BYTES`` (unset or 0: capture off).
     Raises ValueError when the variable is not an integer >= 0."""
-    raw = (os.environ if environ is None else environ).get(FEATURES_BYTES_ENV, "").strip()
-    try:
-        value = int(raw) if raw else 0
-    except ValueError:
-        raise ValueError(f"{FEATURES_BYTES_ENV} must be an integer >= 0, got {raw!r}") from None
-    if value < 0:
-        raise ValueError(f"{FEATURES_BYTES_ENV} must be >= 0, got {value}")
-    return value
+    return budget_from_env(FEATURES_BYTES_ENV, os.environ if environ is None else environ)
 
 
 def features_env(traffic_features_mb: float) -> Dict[str, str]:
     """The environment that carries ``traffic_features_mb`` (MiB) to the server's processes."""
-    if traffic_features_mb < 0:
-        raise ValueError(f"traffic_features_mb must be >= 0, got {traffic_features_mb}")
-    return {FEATURES_BYTES_ENV: str(int(traffic_features_mb * 2**20))}
+    return budget_env(FEATURES_BYTES_ENV, "traffic_features_mb", traffic_features_mb)
 
 
 class FeatureRing:

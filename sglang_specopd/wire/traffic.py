@@ -12,7 +12,7 @@ See ``docs/live_traffic.md``. Strict pydantic models (no type coercion, unknown 
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Dict, List, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
@@ -25,6 +25,26 @@ DEFAULT_ITEMS_PER_READ = 256
 MAX_REPLY_BYTES = 32 * 2**20  # one GET returns items up to this many bytes of JSON (always at least one item)
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+def budget_from_env(name: str, environ: Mapping[str, str]) -> int:
+    """A byte budget from environment variable ``name`` (unset or empty: 0). Raises ValueError when it is not an
+    integer >= 0."""
+    raw = environ.get(name, "").strip()
+    try:
+        value = int(raw) if raw else 0
+    except ValueError:
+        raise ValueError(f"{name} must be an integer >= 0, got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def budget_env(name: str, key: str, mib: float) -> Dict[str, str]:
+    """``{name: bytes}`` for a budget of ``mib`` MiB (fractions allowed) set by config key ``key``; ValueError < 0."""
+    if mib < 0:
+        raise ValueError(f"{key} must be >= 0, got {mib}")
+    return {name: str(int(mib * 2**20))}
 
 
 class TraceRecord(BaseModel):
