@@ -145,8 +145,11 @@ def carry_over(earlier: dict, payload: dict) -> dict:
     (``carried_from``). Raises ValueError when the two runs differ in config, drafter, prompts or lengths, as
     their speedups would not be comparable.
     """
+    from sglang_specopd.app.results import portable
+
     for key in ("server_config", "drafter", "limit_per_domain", "max_new_tokens"):
-        if earlier.get(key) != payload.get(key):
+        # result files record paths portably (write_result): compare this run's values as they would be written
+        if portable(earlier.get(key)) != portable(payload.get(key)):
             raise ValueError(f"{key} differs: {earlier.get(key)!r} there, {payload.get(key)!r} here")
     merged = dict(payload)
     merged["temperatures"] = dict(payload["temperatures"])

@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
 # Run the test suite (installs first if needed). Extra arguments go to pytest.
+#   bash scripts/test.sh            the whole suite (what CI runs), real SGLang servers included
+#   bash scripts/test.sh --quick    the inner loop (<= 5 min): -m "not server and not slow"; a test that starts an
+#                                   SGLang server without the server marker fails there (docs/testing.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+quick=()
+if [ "${1:-}" = "--quick" ]; then
+  shift
+  quick=(-m "not server and not slow")
+  export SPECOPD_TEST_NO_SERVERS=1
+fi
 bash scripts/setup.sh
 export SPECOPD_REQUIRE_SMOLLM2=1
-exec .venv/bin/python -m pytest -q --durations=20 "$@"
+exec .venv/bin/python -m pytest -q --durations=20 ${quick[@]+"${quick[@]}"} "$@"

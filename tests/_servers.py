@@ -27,8 +27,16 @@ import pytest
 T = TypeVar("T")
 
 # The module-scoped fixtures that hand out a shared server (what :func:`group_modules` groups by), in no order.
-SHARED_SERVER_FIXTURES = ("tiny_specopd_server", "tiny_admin_server", "parity_server", "hybrid_specopd_server",
-                           "qsa_specopd_server")
+# (conftest's ``tiny_specopd_server`` is another name for ``tiny_admin_server``: it depends on it, so its modules
+# are grouped with that server's.)
+SHARED_SERVER_FIXTURES = ("tiny_admin_server", "parity_server", "hybrid_specopd_server", "qsa_specopd_server")
+# Every fixture that starts a real SGLang server (or whose value comes from one): a test that uses one of them, even
+# through another fixture, gets the ``server`` marker (conftest's ``pytest_collection_modifyitems``), so
+# ``-m "not server"`` (``scripts/test.sh --quick``) leaves it out. A test that launches a server itself (a CLI, a
+# benchmark script) carries ``@pytest.mark.server`` explicitly.
+SERVER_FIXTURES = SHARED_SERVER_FIXTURES + (
+    "tiny_specopd_server", "tiny_plain_outputs", "smollm2_plain_outputs", "smollm2_specopd_server", "adapt_server",
+    "budget_server", "unbudgeted_replies", "v2_server", "dspark_server", "qsa_server")
 
 _LIVE: Dict[str, Tuple[contextlib.ExitStack, object]] = {}
 STARTS: List[str] = []  # every shared server started in this session, by fixture name (for the suite's summary)
@@ -97,6 +105,13 @@ def shared_servers_guard():
     yield
     for name in list(_LIVE):
         stop(name)
+
+
+def mark_server_tests(items: list) -> None:
+    """Give the ``server`` marker to every item that uses a fixture of :data:`SERVER_FIXTURES`."""
+    for it in items:
+        if it.get_closest_marker("server") is None and set(SERVER_FIXTURES) & set(getattr(it, "fixturenames", ())):
+            it.add_marker(pytest.mark.server)
 
 
 def group_modules(items: list) -> None:

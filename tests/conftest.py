@@ -11,15 +11,18 @@ suite short and rarely run two servers at once:
 
 * each *plain* reference server lives only inside its ``*_plain_outputs`` fixture: it starts, answers the fixed
   prompts, and is stopped before the fixture returns (the outputs are plain data, session-scoped when several
-  modules compare against them);
+  modules compare against them); the tiny target's reference comes from transformers instead, unless a greedy
+  step is a near tie (:func:`tiny_plain_outputs`);
 * each SPECOPD server fixture depends on the matching ``*_plain_outputs`` fixture, so the plain server is always
   gone before the SPECOPD server starts, whatever order the tests run in;
 * a server configuration that several modules need is one shared server (``tests/_servers.py``): started by the
   first module that asks for it, put back the way it started before each module (start-up drafter, empty
   caches), stopped after the last module that uses it; those modules run one after another
-  (:func:`pytest_collection_modifyitems`). The shared ones: :func:`tiny_specopd_server` (no admin key),
-  :func:`tiny_admin_server` (admin key, prefix cache, 1 MB payload limit, traffic spool), ``parity_server``
-  (``tests/test_trainer_parity.py``) and ``hybrid_specopd_server`` (``tests/test_serve_hybrid_gdn.py``);
+  (:func:`pytest_collection_modifyitems`). The shared ones: :func:`tiny_admin_server` (admin key, prefix cache,
+  1 MB payload limit, traffic spool; :func:`tiny_specopd_server` is the same server under the name the modules
+  that need no admin feature use), ``parity_server`` (``tests/test_trainer_parity.py``, the tiny server without an
+  admin key), ``hybrid_specopd_server`` (``tests/test_serve_hybrid_gdn.py``) and ``qsa_specopd_server``
+  (``tests/test_serve_qsa.py``);
 * other server fixtures are module-scoped: used by a single test module, stopped when it ends.
 """
 
@@ -37,7 +40,7 @@ from typing import Callable, Dict, Iterator, List, Optional
 
 import pytest
 
-from _servers import group_modules, lend, shared_servers_guard, start_specopd  # noqa: F401
+from _servers import group_modules, lend, mark_server_tests, shared_servers_guard, start_specopd  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,6 +52,16 @@ SERVER_START_TIMEOUT_S = 420.0
 # machine shared with other jobs, SGLang's default (one OpenMP thread per core, spin-waiting) was measured ~13x
 # slower than a single thread: 3 x 48 greedy SmolLM2 fp32 tokens took 155-161 s vs 12 s (load average ~4).
 SERVER_OMP_THREADS = os.environ.get("SPECOPD_TEST_SERVER_THREADS", "1")
+# Every SGLang server the tests start (fixtures, CLIs, benchmark scripts: they all inherit this process's
+# environment) skips SGLang's crash diagnostics (py-spy / CUDA core dumps of the schedulers). Stopping a server
+# SIGTERMs its process group; the launcher sees its scheduler gone, takes it for a crash and, with the diagnostics on
+# (SGLang's default), sleeps 5 s "to let GPU activity settle" before finding nothing to dump: 5 s of every
+# server's teardown, ~2 min of the suite.
+for _name in ("SGLANG_PYSPY_DUMP_BEFORE_CRASH", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH"):
+    os.environ.setdefault(_name, "0")
+# ``scripts/test.sh --quick`` sets this (with ``-m "not server"``): a test that starts an SGLang server in this
+# process anyway fails, naming the missing ``server`` marker.
+NO_SERVERS_ENV = "SPECOPD_TEST_NO_SERVERS"
 
 # ---------------------------------------------------------------------------------------------------------------
 # Orphan-process checks
@@ -430,28 +443,58 @@ def tiny_launch_spec(target: Path, port: int, drafter: Optional[Path] = None):
     )
 
 
+# A greedy step of the transformers reference counts as decided when its argmax leads the runner-up by this much (in
+# logits). Two correct fp32 implementations of the tiny target (transformers, SGLang's plain or verify forward)
+# differ by ~1e-6 there, so every decided step is the token any lossless server must emit.
+TINY_REFERENCE_MARGIN = 1e-4
+
+
+def target_greedy(target: Path, prompts, new_tokens: int) -> tuple:
+    """transformers' fp32 greedy continuation of each prompt (tokenized as SGLang does: the target's tokenizer, no
+    chat template), recomputed from the whole sequence at every step; ``(ids by prompt, smallest top-2 gap)``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(target))
+    model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
+    out, gap = {}, float("inf")
+    with torch.inference_mode():
+        for prompt in prompts:
+            seq = list(tok(prompt)["input_ids"])
+            for _ in range(new_tokens):
+                top = model(torch.tensor([seq])).logits[0, -1].topk(2)
+                gap = min(gap, float(top.values[0] - top.values[1]))
+                seq.append(int(top.indices[0]))
+            out[prompt] = seq[-new_tokens:]
+    return out, gap
+
+
 @pytest.fixture(scope="session")
 def tiny_plain_outputs(tiny_serving_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Dict[str, List[int]]:
-    """Greedy output ids of a PLAIN fp32 server for :data:`TINY_PROMPTS` (the server is stopped on return)."""
+    """The reference greedy output ids of the tiny serving target for :data:`TINY_PROMPTS` (what the SPECOPD
+    servers must reproduce token for token): the target model's own fp32 greedy decoding in transformers
+    (:func:`target_greedy`), when every step is decided by :data:`TINY_REFERENCE_MARGIN`. On a near tie (the tiny
+    tokenizer is trained anew in each session, so the prompts' ids, and the margins, change between sessions) the
+    reference is, as it always was before, a PLAIN fp32 SGLang server's greedy output (started here, stopped on
+    return). transformers here saves that server start (~40 s); plain SGLang serving is still checked: against
+    transformers on the hybrid and QSA targets, against SPECOPD on SmolLM2 and in ``specopd demo``."""
     from sglang_specopd.app.launch import free_port
 
+    ref, gap = target_greedy(tiny_serving_target, TINY_PROMPTS, TINY_NEW_TOKENS)
+    if gap >= TINY_REFERENCE_MARGIN:
+        return ref
     spec = tiny_launch_spec(tiny_serving_target, free_port())
     with running_server(spec, tmp_path_factory.mktemp("logs"), "tiny-plain") as srv:
         return {p: srv.generate(p, TINY_NEW_TOKENS)["output_ids"] for p in TINY_PROMPTS}
 
 
 @pytest.fixture(scope="module")
-def tiny_specopd_server(request, shared_servers_guard, tiny_plain_outputs, tiny_serving_target: Path,
-                        tiny_drafter: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """A SPECOPD fp32 server (tiny target + block-4 drafter, no admin key), started after the plain reference
-    server stopped; shared (``tests/_servers.py``: test_collect, test_evaluate, test_serve_tiny)."""
-    from sglang_specopd.app.launch import free_port
-
-    def start(stack: contextlib.ExitStack) -> RunningServer:
-        spec = tiny_launch_spec(tiny_serving_target, free_port(), tiny_drafter)
-        return start_specopd(stack, spec, tmp_path_factory.mktemp("logs"), "tiny-specopd")
-
-    yield from lend(request, "tiny_specopd_server", start)
+def tiny_specopd_server(tiny_plain_outputs, tiny_admin_server: RunningServer) -> RunningServer:
+    """A SPECOPD fp32 server (tiny target + block-4 drafter) for tests that need nothing of an admin server: the
+    shared :func:`tiny_admin_server` itself (one server start instead of two; its admin key, caches, payload limit
+    and spool do not change what these tests see), asked for after the plain reference server stopped (the
+    ``tiny_plain_outputs`` dependency). Used by test_collect, test_evaluate, test_serve_tiny."""
+    return tiny_admin_server
 
 
 # The shared admin server's key: benchmarks/fuzz_strategies.py's strategies send this one (tests/test_fuzz_routes.py).
@@ -487,9 +530,32 @@ def tiny_admin_server(request, shared_servers_guard, tiny_serving_target: Path, 
     yield from lend(request, "tiny_admin_server", start)
 
 
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: the marks given here count
 def pytest_collection_modifyitems(session, config, items) -> None:
-    """Modules that share a server run one after another (``tests/_servers.py``)."""
+    """Tests that use a server fixture are marked ``server``; modules that share a server run one after another
+    (``tests/_servers.py``)."""
+    mark_server_tests(items)
     group_modules(items)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_servers_in_quick_runs():
+    """With :data:`NO_SERVERS_ENV` = 1, starting an SGLang server fails the test (it lacks the ``server`` marker)."""
+    if os.environ.get(NO_SERVERS_ENV, "").strip() != "1":
+        yield
+        return
+    from sglang_specopd.app.launch import SGLangServer
+
+    def refuse(self, timeout):  # runs right after the launch: start() stops the server and re-raises
+        pytest.fail(f"{NO_SERVERS_ENV}=1 but this test started an SGLang server: mark it @pytest.mark.server "
+                    "(or use a fixture of tests/_servers.py SERVER_FIXTURES)", pytrace=False)
+
+    real = SGLangServer._wait_healthy
+    SGLangServer._wait_healthy = refuse
+    try:
+        yield
+    finally:
+        SGLangServer._wait_healthy = real
 
 
 # ---------------------------------------------------------------------------------------------------------------

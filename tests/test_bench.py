@@ -597,7 +597,9 @@ def test_bench_serve_cli_end_to_end_on_fake_servers(tiny_target: Path, tmp_path:
         res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
-    assert data["command"] == "specopd " + " ".join(args) and data["git_commit"] and data["machine"]["cores"] >= 1
+    from sglang_specopd.app.results import portable
+
+    assert data["command"] == portable("specopd " + " ".join(args)) and data["git_commit"] and data["machine"]["cores"] >= 1
     assert data["versions"]["sglang"] == "0.5.23" and data["domains"] == ["math", "coding"]
     held = [str(r["id"]) for d in ("math", "coding") for r in eval_records(d, 2)]
     assert [p["id"] for p in data["prompts"]] == held

@@ -1,8 +1,8 @@
 """Response regeneration into the JSONL cache (trainer/specopd_trainer/collect.py): real tiny SPECOPD server + stub servers.
 
 The tiny SGLang server (:func:`tiny_eval_server`) is conftest's shared ``tiny_specopd_server``
-(``tests/_servers.py``): ``test_evaluate.py`` and ``test_serve_tiny.py`` use the same one, so the three modules
-together pay for one server start. Failures in the middle of a run are simulated with a stub HTTP server, never by
+(the shared ``tiny_admin_server``, ``tests/_servers.py``): ``test_evaluate.py``, ``test_serve_tiny.py`` and the
+admin-server modules use the same one, so they together pay for one server start. Failures in the middle of a run are simulated with a stub HTTP server, never by
 killing SGLang.
 """
 

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from _scripts import load_benchmark
 
+from sglang_specopd.app.results import portable
+
 DOMAINS = ["dialogue", "coding", "math", "agentic"]
 
 
@@ -69,7 +71,7 @@ def test_keep_from_carries_the_temperatures_this_run_did_not_measure(tmp_path: P
     assert data["temperatures"]["T0"] == t0["temperatures"]["T0"]  # carried verbatim
     assert data["temperatures"]["T1"][0]["speedup"] == pytest.approx(1.2)
     assert data["temperatures"]["T1"][0]["acceptance"]["mean"] == pytest.approx(4.0)  # 20 tokens / 5 verifies
-    assert data["raw_payloads"]["T0"] == str(first / "T0.json") and data["carried_from"]["T0"]["created"] == t0["created"]
+    assert data["raw_payloads"]["T0"] == portable(str(first / "T0.json")) and data["carried_from"]["T0"]["created"] == t0["created"]
     assert "T1" not in data["carried_from"]
     # a different setting (more new tokens) is refused and writes nothing
     before = out.read_text()

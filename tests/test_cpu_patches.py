@@ -162,6 +162,7 @@ def test_standin_is_honest_about_missing_ops(standin) -> None:
         standin.verify_tree_greedy_cpu()
 
 
+@pytest.mark.slow
 def test_cpu_engine_does_not_import_without_the_standin() -> None:
     env = cpu_env()
     standin_dir = str(STANDIN_INIT.parent.parent)
@@ -467,15 +468,18 @@ def _failed(report: dict, name: str) -> str:
     return entry["error"]
 
 
+@pytest.mark.slow
 def test_sglang_cpu_engine_uses_the_standin(cpu_checks: dict) -> None:
     assert cpu_checks["standin_loaded"] is True
     assert _ok(cpu_checks, "standin_via_sglang") == [True, True, True]
 
 
+@pytest.mark.slow
 def test_plugin_registers_the_cpu_hooks_on_the_cpu_engine(cpu_checks: dict) -> None:
     assert set(CPU_HOOK_TARGETS) <= set(cpu_checks["hook_targets"])
 
 
+@pytest.mark.slow
 def test_handle_dflash_accepts_cpu(cpu_checks: dict) -> None:
     """(b) DFLASH-family algorithms are rejected on CPU by SGLang's device check; the AROUND hook accepts them."""
     assert "not supported" in _failed(cpu_checks, "handle_dflash_before")
@@ -485,6 +489,7 @@ def test_handle_dflash_accepts_cpu(cpu_checks: dict) -> None:
     assert after["platform_restored"] == "CpuSRTPlatform", "the platform proxy must not outlive the call"
 
 
+@pytest.mark.slow
 def test_torch_native_is_an_allowed_draft_backend(cpu_checks: dict) -> None:
     """(b) Without torch_native in DRAFT_ATTENTION_BACKEND_CHOICES the draft worker falls back to CUDA flashinfer."""
     assert "torch_native" not in cpu_checks["draft_choices_before"]
@@ -493,6 +498,7 @@ def test_torch_native_is_an_allowed_draft_backend(cpu_checks: dict) -> None:
     assert _ok(cpu_checks, "draft_worker_backend_after") == "torch_native"
 
 
+@pytest.mark.slow
 def test_cpu_platform_proxy_answers_for_dflash_only(cpu_checks: dict) -> None:
     """(b) The hook itself, with a stub original_fn: CPU -> proxy answers DFLASH/torch_native; other devices untouched."""
     seen = _ok(cpu_checks, "platform_proxy")
@@ -503,6 +509,7 @@ def test_cpu_platform_proxy_answers_for_dflash_only(cpu_checks: dict) -> None:
     assert seen["cuda:0"] == {"proxied": False} and seen["cuda_result"] == "passed-through"
 
 
+@pytest.mark.slow
 def test_record_stream_is_a_noop_for_cpu_tensors(cpu_checks: dict) -> None:
     """(c) dflash_worker_v2 calls seq_lens.record_stream(current_stream()); torch has no CPU kernel for it."""
     # torch rejects the torch.cpu.Stream SGLang passes ("unknown parameter type"), and has no CPU kernel for
@@ -515,6 +522,7 @@ def test_record_stream_is_a_noop_for_cpu_tensors(cpu_checks: dict) -> None:
     assert "RuntimeError" in _failed(cpu_checks, "record_stream_meta_after")
 
 
+@pytest.mark.slow
 def test_dflash_attention_uses_plain_qk_norm_rope_on_cpu(cpu_checks: dict) -> None:
     """(d) SGLang picks its fused Triton qk-norm/RoPE for a CPU-built draft layer, and that kernel cannot run here."""
     assert _ok(cpu_checks, "dflash_attention_before") is True
@@ -541,6 +549,7 @@ def test_disable_table_qk_norm_rope_hook_on_stubs() -> None:
         assert stub.use_table_qk_norm_rope is want, device
 
 
+@pytest.mark.slow
 def test_torch_native_target_verify_equals_causal_attention(cpu_checks: dict) -> None:
     """(e) TARGET_VERIFY through torch_native: without the hook it crashes (extend lengths do not describe a verify
     batch); with it the output equals causal attention over prefix + block, and the block's KV is written."""
@@ -558,6 +567,7 @@ def test_torch_native_target_verify_equals_causal_attention(cpu_checks: dict) ->
     assert _ok(cpu_checks, "plain_extend_after") == _ok(cpu_checks, "plain_extend_before")
 
 
+@pytest.mark.slow
 def test_batched_decode_equals_sglang_per_request_loop(cpu_checks: dict) -> None:
     """(9) DECODE attention batched over requests (one padded SDPA call per group) gives SGLang's per-request
     loop's values (5 requests of lengths 1..16, GQA 4/2)."""
@@ -569,6 +579,7 @@ def test_batched_decode_equals_sglang_per_request_loop(cpu_checks: dict) -> None
     torch.testing.assert_close(after, before, atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_plugin_registers_no_cpu_hooks_without_cpu_engine() -> None:
     """Without SGLANG_USE_CPU_ENGINE, register() touches none of the CPU adaptations (GPU behaviour unchanged)."""
     from sglang_specopd.server.cpu import STANDIN_DIR

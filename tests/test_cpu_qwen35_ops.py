@@ -86,6 +86,7 @@ def test_qkvzba_split_contiguous_layout(ops) -> None:
     assert all(t.is_contiguous() for t in (mixed_qkv, z, b, a))
 
 
+@pytest.mark.slow
 def test_sglang_qwen3_5_and_qwen4_exp_import_on_the_cpu_engine() -> None:
     """With the stand-in first on the path (as ``specopd serve --device cpu`` starts the server), SGLang's
     ``models/qwen3_5`` binds the four ops at import and ``models/qwen4_exp`` registers its entry class (without

@@ -11,6 +11,8 @@ import pytest
 
 from _scripts import load_benchmark, tiny_specopd_config
 
+from sglang_specopd.app.results import portable
+
 MOD = load_benchmark("draft_opd_smollm2")  # puts benchmarks/ on sys.path: the helper package below
 
 from draft_opd_compare import arms, store, train  # noqa: E402
@@ -347,11 +349,11 @@ def test_merge_only_writes_the_result_from_finished_arms(tmp_path: Path, tiny_dr
     res = json.loads(out.read_text())
     assert res["arms"] == ["sft_continued", "draft_opd"] and res["budget_target_tokens"] == 229376
     assert res["start"]["sha256"] == json.loads((run / "setup.json").read_text())["start_sha256"]
-    assert len(res["start"]["sha256"]) == 64 and res["start"]["path"] == str(tiny_drafter.resolve())
+    assert len(res["start"]["sha256"]) == 64 and res["start"]["path"] == portable(str(tiny_drafter.resolve()))
     assert res["supervised_tokens_per_s"]["draft_opd"] == 250.0 and res["budget_fraction"]["draft_opd"] == 1.1
     assert res["paired_diff_vs_sft_continued"]["draft_opd"]["T0"]["mean"] == 0.0
     assert res["eval"]["meets_24_prompt_rule"] is True and "git_commit" in res and "--merge-only" in res["command"]
-    assert res["live_traffic"] == {"minutes": 15.0, "serving_errors": 0, "source": str(live)}
+    assert res["live_traffic"] == {"minutes": 15.0, "serving_errors": 0, "source": portable(str(live))}
     assert res["missing_arms"] == ["sft_start", "specopd", "sequential_opd", "draft_opd_no_replay",
                                    "draft_opd_fkl_only", "draft_opd_rkl_only", "draft_opd_random_anchors",
                                    "draft_opd_first_rejection"]

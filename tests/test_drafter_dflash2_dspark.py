@@ -291,6 +291,7 @@ def test_training_logits_proposals_and_gradients() -> None:
 
 # ------------------------------------------------------------------------------------------ parity with SGLang
 
+@pytest.mark.slow
 def test_parity_with_sglang_model_classes(tmp_path: Path) -> None:
     """The same random checkpoints loaded into SGLang's own DFlash2DraftModel / DSparkDraftModel (CPU, fp32; see
     tests/_sglang_semi_ar_parity.py): equal slot hidden states, candidates, greedy proposals (T=0), SGLang's

@@ -353,6 +353,7 @@ print("RESULT " + json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_sglang_parses_and_loads_drafter(drafter: Path) -> None:
     """SGLang's parse_dflash_draft_config accepts our config; DFlashDraftModel (CPU) loads every parameter."""
     from sglang_specopd.server.cpu import STANDIN_DIR

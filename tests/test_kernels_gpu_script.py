@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "kernels_gpu.py"
 
@@ -16,6 +18,7 @@ def _run(*args, timeout=600):
                           timeout=timeout)
 
 
+@pytest.mark.slow
 def test_kernels_gpu_script_cpu_smoke(tmp_path):
     from specopd_kernels.verified import is_verified, load_records, source_sha256
 

@@ -168,6 +168,7 @@ def test_smollm2_prepared_and_idempotent() -> None:
     assert {"config.json", "generation_config.json", "tokenizer.json", "chat_template.jinja"} <= set(marker["files"])
 
 
+@pytest.mark.slow
 @pytest.mark.smollm2
 @pytest.mark.skipif(not (SMOL_DIR / models.MARKER_NAME).is_file(), reason="SmolLM2 not prepared")
 def test_smollm2_generates_english() -> None:

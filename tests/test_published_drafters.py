@@ -102,6 +102,7 @@ def sglang_reads(qwen_target: Path, drafters: dict[str, Path]) -> dict[str, dict
     return {name: got[str(d)] for name, d in drafters.items()}
 
 
+@pytest.mark.slow
 def test_every_layout_agrees_with_sglang(qwen_target: Path, drafters: dict[str, Path],
                                         sglang_reads: dict[str, dict]) -> None:
     accepted = []

@@ -142,7 +142,7 @@ def dspark_server(tiny_plain_outputs, tiny_serving_target: Path, tmp_path_factor
     assert f"--speculative-dspark-block-size {GAMMA}" in argv and "--speculative-dflash-block-size" not in argv
     # otherwise exactly the tiny SPECOPD servers' launch (tests/conftest.py)
     assert dataclasses.replace(spec, speculative_algorithm="SPECOPD", admin_api_key=None, traffic_spool_mb=0,
-                               model_path=str(target)) == tiny_launch_spec(target, spec.port, drafter)
+                               model_path=str(target), served_model_name=None) == tiny_launch_spec(target, spec.port, drafter)
     with running_server(spec, root, "dspark") as srv:
         yield DSparkServer(srv, target, drafter, other, narrow, dflash,
                            {p: tiny_plain_outputs[p] for p in TINY_PROMPTS})

@@ -1,10 +1,11 @@
 """Real SGLang servers on a tiny fp32 target: SPECOPD is lossless, and its acceptance traces are consistent.
 
 Two servers, one at a time (see conftest): a plain one whose greedy outputs are the reference, then a SPECOPD
-one (random block-4 drafter, no admin key; conftest's shared ``tiny_specopd_server``, which the collect / evaluate
-tests use too). The serving target is built so that the random drafter's guesses are sometimes right
-(``make_accepting_target``), so verify steps accept 0..3 drafts and the commit of accepted tokens, and the
-last-step truncation at ``max_new_tokens``, are really exercised.
+one (random block-4 drafter; conftest's ``tiny_specopd_server``: the shared ``tiny_admin_server``, which the
+collect / evaluate / swap / score_trees / traffic tests use too). The traffic routes of a server without an admin
+key are checked on the parity server (tests/test_trainer_parity.py). The serving target is built so that the
+random drafter's guesses are sometimes right (``make_accepting_target``), so verify steps accept 0..3 drafts and
+the commit of accepted tokens, and the last-step truncation at ``max_new_tokens``, are really exercised.
 
 What the traces obey (observed, and asserted below):
 
@@ -259,16 +260,3 @@ def test_non_bool_trace_param_is_a_400_with_a_reason(tiny_specopd_server, value)
         "temperature": 0, "custom_params": {"specopd_trace": value}, "return_meta_info": True})
     assert chat.status_code == 400, (value, chat.status_code, chat.text[:300])
     assert "specopd_trace must be true or false" in chat.text, chat.text[:300]
-
-
-def test_traffic_endpoints_refused_without_an_admin_key(tiny_specopd_server) -> None:
-    """Traffic recording is off by default and this server has no --admin-api-key: the admin-only traffic routes
-    answer 403 (SGLang's ADMIN_FORCE), whatever key is sent; no prompt or output leaves."""
-    from sglang_specopd.wire.traffic import TRAFFIC_PATH, TRAFFIC_PURGE_PATH
-
-    assert tiny_specopd_server.spec.traffic_spool_mb == 0
-    for headers in ({}, {"Authorization": "Bearer anything"}):
-        r = httpx.get(tiny_specopd_server.url + TRAFFIC_PATH, headers=headers, timeout=60)
-        assert r.status_code == 403, (r.status_code, r.text[:300])
-        r = httpx.post(tiny_specopd_server.url + TRAFFIC_PURGE_PATH, headers=headers, timeout=60)
-        assert r.status_code == 403, (r.status_code, r.text[:300])

@@ -105,3 +105,20 @@ def test_trainer_proposals_equal_server_proposals(served) -> None:
         + (f"; {causal_matches} of them match a CAUSAL in-block draft attention: the server's draft attention is "
            "not ENCODER_ONLY (see sglang_specopd/server/cpu/patches.py torch_native TARGET_VERIFY: causal must be "
            "False for layer.attn_type == AttentionType.ENCODER_ONLY)" if causal_matches else ""))
+
+
+def test_traffic_endpoints_refused_without_an_admin_key(parity_server) -> None:
+    """Traffic recording is off by default and this server has no --admin-api-key: the admin-only traffic routes
+    answer 403 (SGLang's ADMIN_FORCE), whatever key is sent; no prompt or output leaves. (Moved here from
+    test_serve_tiny.py, whose tiny SPECOPD server is now the shared admin server: this is the tiny server without
+    an admin key.)"""
+    import httpx
+
+    from sglang_specopd.wire.traffic import TRAFFIC_PATH, TRAFFIC_PURGE_PATH
+
+    assert parity_server.spec.traffic_spool_mb == 0 and parity_server.spec.admin_api_key is None
+    for headers in ({}, {"Authorization": "Bearer anything"}):
+        r = httpx.get(parity_server.url + TRAFFIC_PATH, headers=headers, timeout=60)
+        assert r.status_code == 403, (r.status_code, r.text[:300])
+        r = httpx.post(parity_server.url + TRAFFIC_PURGE_PATH, headers=headers, timeout=60)
+        assert r.status_code == 403, (r.status_code, r.text[:300])

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from _sft_fixture import tiny_drafter, tiny_sequences
@@ -61,6 +62,7 @@ def test_checkpoint_is_atomic_and_latest_points_to_newest(tmp_path):
     assert not list(ckpt.glob(".*tmp"))
 
 
+@pytest.mark.slow
 def test_ddp_two_gloo_ranks(tmp_path):
     worker = Path(__file__).with_name("_ddp_sft_worker.py")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
