@@ -369,6 +369,35 @@ def test_a_candidate_worse_on_older_traffic_is_not_deployed(tmp_path, monkeypatc
     assert v["deploy"] is True and v["older"]["ci95"] == [0.0, 0.0] and len(pushes.versions) == 1
 
 
+def test_small_losses_per_push_cannot_add_up_on_older_traffic(tmp_path, monkeypatch):
+    """Equal to the deployed drafter on the older held-out requests, but worse there than the run's start drafter (a
+    deployed drafter that already lost a little): kept out; equal to the start: deployed."""
+    import specopd_trainer.adapt.loop as loop
+
+    sp = _spool_with_traffic(n=200)
+    pushes = Pushes(sp)
+    ad = _adapter(sp, pushes, tmp_path / "run", max_steps=1, holdout_window=20, holdout_older=20, min_holdout=6)
+    ad.run()
+    recent = {s.id for s in ad.hold_buf.sequences[-20:]}
+    start_older = {"tokens": 16}
+
+    def fake_rows(drafter, seqs, cache=None):  # older: candidate 14, deployed 14, start 16 (then 14) per 10 steps
+        if drafter is ad.anchor:
+            older = start_older["tokens"]
+        else:
+            older = 14
+        return [{"id": s.id, "domain": "traffic", "verify_steps": 10,
+                 "completion_tokens": (20 if drafter is ad.drafter else 12) if s.id in recent else older} for s in seqs]
+
+    monkeypatch.setattr(loop, "walk_rows", fake_rows)
+    v = ad.judge()
+    assert v["older"]["ci95"] == [0.0, 0.0] and v["older_vs_start"]["ci95"][1] < 0
+    assert v["deploy"] is False and "than the start drafter" in v["reason"] and pushes.versions == []
+    start_older["tokens"] = 14
+    v = ad.judge()
+    assert v["deploy"] is True and v["older_vs_start"]["ci95"] == [0.0, 0.0] and len(pushes.versions) == 1
+
+
 def test_retention_loss_is_the_kl_to_the_start_on_the_slots_it_got_right():
     """Two slots over a 2-token vocabulary: the start (anchor) is right on slot 0 only, so the loss is slot 0's
     KL(anchor || drafter) = sum_v p_v log(p_v / q_v), computed by hand; no qualifying slot gives 0."""
@@ -389,19 +418,56 @@ def test_retention_loss_is_the_kl_to_the_start_on_the_slots_it_got_right():
     assert retention_loss(anchor, drafter, torch.tensor([[1, -100]])).item() == 0.0
 
 
-def test_retention_draws_the_requests_served_well(tmp_path):
-    """With retain on, one request of a step trains the retention loss, drawn by its served acceptance: a request
-    whose trace accepted 3 drafts per step weighs 3.05 against 0.05 for one that accepted none."""
-    from specopd_trainer.algorithms.sft.adapt import served_well
+def test_start_well_is_the_start_drafters_walk():
+    """The retention weight of a request: 0.05 + the start drafter's accepted drafts per verify step in its greedy
+    walk over the served response. By hand, block 4, prompt 4, 12 tokens: a drafter that always proposes the served
+    tokens walks 4 -> 8 (3 accepted, 4 emitted) -> 12 (3 accepted, 3 emitted: the end), 7 emitted in 2 steps, so
+    0.05 + 5 / 2 = 2.55; one that never does accepts nothing: 0.05."""
+    from types import SimpleNamespace
+
+    from specopd_trainer.algorithms.sft.adapt import start_well
+
+    ids = torch.arange(100, 112)
+
+    class Oracle(torch.nn.Module):
+        def __init__(self, right):
+            super().__init__()
+            self.right = right
+
+        def propose_blocks(self, features, token_ids, anchors):
+            rows = [[int(token_ids[a + k]) if a + k < len(token_ids) else -1 for k in (1, 2, 3)] for a in anchors]
+            return torch.tensor(rows) if self.right else torch.full((len(anchors), 3), -1)
+
+    seq = SimpleNamespace(token_ids=ids, features=torch.zeros(12, 2), prompt_len=4)
+    good, bad = Oracle(True), Oracle(False)
+    good.train()
+    assert start_well(good, seq) == pytest.approx(2.55) and good.training  # its mode is restored
+    assert start_well(bad, seq) == pytest.approx(0.05)
+
+
+def test_retention_draws_what_the_start_drafter_did_well(tmp_path, monkeypatch):
+    """With retain on, one request of each step (of 4) trains the retention loss, drawn by :func:`start_well` of the
+    start drafter, computed once per request: with one request (spool seq 6) weighing 1e9 and the rest 1e-9 the
+    retention forward of every step is that request's."""
+    import specopd_trainer.algorithms.sft.adapt as sft_adapt
 
     sp = _spool_with_traffic(n=24)
-    for it in sp.items[:12]:
-        it["trace"][0]["accepted"] = 3  # well served
-    for it in sp.items[12:]:
-        it["trace"][0]["accepted"] = 0
-    ad = _adapter(sp, Pushes(sp), tmp_path / "run", retain=0.25, max_steps=4)
+    calls = []
+
+    def fake_start_well(anchor, seq):
+        assert anchor is ad.anchor
+        calls.append(seq.id)
+        return 1e9 if seq.id.endswith(":6") else 1e-9
+
+    monkeypatch.setattr(sft_adapt, "start_well", fake_start_well)
+    ad = _adapter(sp, Pushes(sp), tmp_path / "run", retain=0.25, max_steps=1)
     ad.run()
-    good = [s for s in ad.train_buf.sequences if s.records[0]["accepted"] == 3]
-    assert good and served_well(good[0]) == pytest.approx(3.05) and served_well(ad.train_buf.sequences[-1]) == 0.05
-    _, m = ad.step_fn(torch.Generator().manual_seed(1))
-    assert m["retained_slots"] >= 0 and m["supervised_tokens"] == 3 * 8 * 3  # 3 CE requests x 8 anchors x G=3
+    (fav,) = [s for s in ad.train_buf.sequences if s.id.endswith(":6")]
+    seen = []
+    real = ad.anchor.logits
+    monkeypatch.setattr(ad.anchor, "logits", lambda f, ids, a: seen.append(ids is fav.token_ids) or real(f, ids, a))
+    for i in range(3):
+        _, m = ad.step_fn(torch.Generator().manual_seed(i))
+        assert m["retained_slots"] >= 0 and m["supervised_tokens"] == 3 * 8 * 3  # 3 CE requests x 8 anchors x G=3
+    assert seen == [True] * 3
+    assert sorted(calls) == sorted(s.id for s in ad.train_buf.sequences)  # each request weighed once

@@ -33,7 +33,7 @@ class AdaptConfig(BaseModel):
     rollback: bool = Field(default=True, description="push the previous drafter back when the deployed one measures "
                                                      "worse than it on the held-out slice (interval below 0)")
     lr: float = Field(default=1e-4, gt=0, description="AdamW learning rate (after a linear warmup)")
-    retain: float = Field(default=0.25, ge=0, le=1, description="fraction of each SFT step's requests trained to keep "
+    retain: float = Field(default=0.5, ge=0, le=1, description="fraction of each SFT step's requests trained to keep "
                                                                 "the start drafter's predictions where it proposed the "
                                                                 "served token (not forgetting what it served well; 0 = "
                                                                 "off)")

@@ -6,8 +6,9 @@ training buffer holds ``min_train_tokens`` response tokens, one optimiser step o
 linear warmup then constant LR, gradient clip); every ``eval_every`` steps the guard (:mod:`.guard`) compares the
 candidate with the deployed drafter on the newest ``holdout_window`` held-out requests and pushes it when the rule
 says so and it is not worse (interval below 0) on up to ``holdout_older`` older held-out requests spread over the run
-(the traffic served before: a drafter that learns a new domain must not forget the old ones), or, when the deployed drafter measures worse than the one before it, rolls back to that one (the candidate
-restarts from it). A step whose loss is not finite restores the candidate to the deployed weights
+than the deployed drafter nor than the run's start drafter (the traffic served before: a drafter that learns a new
+domain must not forget the old ones, neither in one push nor over many small ones), or, when the deployed drafter
+measures worse than the one before it, rolls back to that one (the candidate restarts from it). A step whose loss is not finite restores the candidate to the deployed weights
 (``candidate_resets``). Checkpoints: every ``ckpt_every`` steps and at every stop (:mod:`.state`). Stops on
 SIGINT / SIGTERM (after the current step), ``max_steps`` or ``max_minutes``; a budget stop judges the candidate once
 more when at least half an ``eval_every`` was trained since the last judgement.
@@ -86,6 +87,7 @@ class Adapter:
                            anchor=self.anchor, retain=cfg.retain)
         self.step_fn = alg.adapt(ctx, alg.make_config(**cfg.algorithm_options))
         self._dep_cache: Dict[str, dict] = {}
+        self._start_cache: Dict[str, dict] = {}  # the start drafter's walks (it never changes)
         self._stop: Optional[str] = None
         self._loss: Optional[float] = None
         self.status = StatusPrinter(cfg.log_every_s, enabled=progress)
@@ -207,13 +209,16 @@ class Adapter:
         out = {**v.as_dict(), "kind": "candidate", "step": self.state.step}
         older = _spread(everything[:-cfg.holdout_window], cfg.holdout_older)
         if v.deploy and len(older) >= cfg.min_holdout:  # traffic served before: the candidate must not be worse
-            o = compare(walk_rows(self.drafter, older), walk_rows(self.deployed, older, self._dep_cache), rule="ci",
-                        seed=self.state.step)
-            out["older"] = o.as_dict()
-            if worse(o):
-                v = Verdict(**{**v.__dict__, "deploy": False,
-                               "reason": f"{v.reason}, but worse on older traffic [{o.ci95[0]:+.3f}, {o.ci95[1]:+.3f}]"})
-                out.update(deploy=False, reason=v.reason)
+            cand_older = walk_rows(self.drafter, older)  # than the deployed drafter, nor than the run's start drafter
+            for name, ref in (("deployed", walk_rows(self.deployed, older, self._dep_cache)),  # (small losses per
+                              ("start", walk_rows(self.anchor, older, self._start_cache))):  # push add up)
+                o = compare(cand_older, ref, rule="ci", seed=self.state.step)
+                out["older" if name == "deployed" else "older_vs_start"] = o.as_dict()
+                if worse(o):
+                    v = Verdict(**{**v.__dict__, "deploy": False, "reason": f"{v.reason}, but worse on older traffic "
+                                   f"than the {name} drafter [{o.ci95[0]:+.3f}, {o.ci95[1]:+.3f}]"})
+                    out.update(deploy=False, reason=v.reason)
+                    break
         self.state.note_verdict(out)
         if v.deploy:
             version = f"adapt-{self.run_dir.name}-{self.state.pushes + 1}"

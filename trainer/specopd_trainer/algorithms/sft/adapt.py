@@ -8,8 +8,11 @@ train with :class:`specopd_trainer.algorithms.sft.loop.DrafterLoss` (ce_decay to
 of each slot's distribution, averaged over the slots where the frozen start drafter (``ctx.anchor``) proposed the
 served token (learning without forgetting, restricted to where the start was right, so that it holds the old
 traffic's behaviour without pulling the new traffic towards the start's mistakes). Those requests are drawn with
-weights ``0.05 + the mean accepted drafts per verify step`` of their served trace (:func:`served_well`): mostly the
-traffic the drafter served well, which is what there is to keep. Measured offline on cached
+weights ``0.05 + the start drafter's mean accepted drafts per verify step`` on the request (its greedy walk over the
+served response, :func:`start_well`, computed once per request): the traffic the start drafter did well, which is
+what there is to keep. (Weights from the served trace instead drift, as the adapted drafter serves the new traffic
+well, towards new-domain requests that need no retention: the 30-minute traffic-shift run lost -0.057 [-0.116,
+-0.008] old-domain tau that way, ``benchmarks/results/history``.) Measured offline on cached
 SmolLM2 responses (200 steps of 4 x 16 anchors, LR 1e-4, the shipped drafter, Japanese + word-sort responses):
 old-domain greedy-walk tau 1.677 -> 1.622 with plain SFT, -> 1.662 with KL to the start on a quarter of old-domain
 requests, new-domain 1.041 -> 1.449 / 1.451 (docs/adapt.md).
@@ -38,11 +41,19 @@ def retention_loss(anchor_logits: torch.Tensor, logits: torch.Tensor, labels: to
     return (kl * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def served_well(seq) -> float:
-    """A request's retention weight: 0.05 + mean accepted drafts per verify step of its served trace (0.05 alone
-    without records)."""
-    recs = getattr(seq, "records", ()) or ()
-    return 0.05 + (sum(int(r.get("accepted", 0)) for r in recs) / len(recs) if recs else 0.0)
+def start_well(anchor, seq) -> float:
+    """A request's retention weight: 0.05 + the mean accepted drafts per verify step of ``anchor`` (the start
+    drafter) in its greedy walk over the request's served response (``greedy_walk_tau - 1``; 0.05 alone when the
+    response has no step). ``seq``: token_ids long ``[L]``, features ``[L, K*H]``, prompt_len."""
+    from specopd_trainer.loops.common import greedy_walk_tau
+
+    was_training = anchor.training
+    anchor.eval()
+    try:
+        _, emitted, steps = greedy_walk_tau(anchor, seq.token_ids, seq.features.float(), seq.prompt_len)
+    finally:
+        anchor.train(was_training)
+    return 0.05 + ((emitted - steps) / steps if steps else 0.0)
 
 
 def make_step(ctx: AdaptContext, cfg: SFTConfig) -> AdaptStep:
@@ -62,7 +73,12 @@ def make_step(ctx: AdaptContext, cfg: SFTConfig) -> AdaptStep:
             raise NothingToTrain("no training traffic")
         picks = torch.randint(len(train), (cfg.seqs_per_step - n_retain,), generator=gen).tolist()
         if n_retain:
-            w = torch.tensor([weights.setdefault(s.id, served_well(s)) for s in train], dtype=torch.float64)
+            w = torch.tensor([weights[s.id] if s.id in weights else weights.setdefault(s.id, start_well(ctx.anchor, s))
+                              for s in train], dtype=torch.float64)
+            if len(weights) > 2 * len(train):  # requests dropped from the buffer: forget their weights (bounded)
+                live = {s.id for s in train}
+                for k in [k for k in weights if k not in live]:
+                    del weights[k]
             picks = torch.multinomial(w, n_retain, replacement=True, generator=gen).tolist() + picks
         work = [(train[i], sample_anchors(train[i].prompt_len, len(train[i].token_ids), cfg.anchors_per_seq, gen))
                 for i in picks]
