@@ -13,4 +13,12 @@ if [ "${1:-}" = "--quick" ]; then
 fi
 bash scripts/setup.sh
 export SPECOPD_REQUIRE_SMOLLM2=1
-exec .venv/bin/python -m pytest -q --durations=20 ${quick[@]+"${quick[@]}"} "$@"
+# Two pytest-xdist workers (SPECOPD_TEST_WORKERS; 0 = one process): most of the suite keeps one core busy (a server
+# with one OpenMP thread, single-threaded tests), so two workers use both; each shared server stays on one worker
+# (--dist loadgroup, tests/_servers.py xdist_groups).
+workers=${SPECOPD_TEST_WORKERS:-2}
+xdist=()
+if [ "$workers" != "0" ]; then
+  xdist=(-n "$workers" --dist loadgroup)
+fi
+exec .venv/bin/python -m pytest -q --durations=20 ${xdist[@]+"${xdist[@]}"} ${quick[@]+"${quick[@]}"} "$@"

@@ -40,7 +40,7 @@ from typing import Callable, Dict, Iterator, List, Optional
 
 import pytest
 
-from _servers import group_modules, lend, mark_server_tests, shared_servers_guard, start_specopd  # noqa: F401
+from _servers import group_modules, lend, mark_server_tests, shared_servers_guard, start_specopd, xdist_groups  # noqa: F401,E501
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -532,10 +532,12 @@ def tiny_admin_server(request, shared_servers_guard, tiny_serving_target: Path, 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: the marks given here count
 def pytest_collection_modifyitems(session, config, items) -> None:
-    """Tests that use a server fixture are marked ``server``; modules that share a server run one after another
-    (``tests/_servers.py``)."""
+    """Tests that use a server fixture are marked ``server``; modules that share a server run one after another,
+    on one xdist worker under ``--dist loadgroup`` (``tests/_servers.py``)."""
     mark_server_tests(items)
     group_modules(items)
+    if getattr(config.option, "loadgroup", False):  # an xdist worker of a --dist loadgroup run
+        xdist_groups(items)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -606,3 +608,4 @@ def smollm2_specopd_server(smollm2_plain_outputs, smollm2_target: Path,
     assert spec.speculative_algorithm == "SPECOPD" and spec.drafter_path and spec.dtype == "float32"
     with running_server(spec, tmp_path_factory.mktemp("logs"), "smollm2-specopd") as srv:
         yield srv
+
