@@ -167,3 +167,14 @@ def test_probe_must_show_only_the_new_version() -> None:
     assert "drafted by ['initial', 'v1'], not only 'v1'" in report.workers[2].error
     with pytest.raises(ValueError, match="probe_tokens must be >= 2"):
         FleetRollout(["http://a"], admin_api_key="k", probe_input_ids=[1], probe_tokens=1)
+
+
+def test_the_lowest_url_is_the_lock_of_concurrent_rollouts() -> None:
+    ro, w = fleet(urls=("http://w2", "http://w0", "http://w1"))
+    w["http://w0"].staged = ("trainer-a", "vA")  # another trainer got the lock worker first
+    report = ro.rollout(V1)
+    assert not report.committed and report.refused == (("http://w0", "conflict: transaction 'trainer-a' is staged"),)
+    assert [o.stage for o in report.workers if o.url != "http://w0"] == [None, None]  # staged nowhere else
+    assert [c[0] for c in w["http://w1"].calls] == ["abort"] and w["http://w0"].staged == ("trainer-a", "vA")
+    w["http://w0"].staged = None  # trainer A committed or aborted
+    assert ro.rollout(V1).ok and [c[0] for c in w["http://w0"].calls][-2:] == ["stage", "commit"]

@@ -2,8 +2,10 @@
 
 :meth:`FleetRollout.rollout`:
 
-1. stage the update on every worker (in parallel) under one fresh transaction id: each worker validates it exactly
-   as a one-phase swap and holds it beside its serving drafter (``POST /specopd/drafter/stage``);
+1. stage the update under one fresh transaction id on the worker with the lowest URL (the fleet's lock: of two
+   trainers rolling out at once, the first to stage there wins, the other gets 409 and stages nowhere), then on
+   every other worker in parallel: each validates it exactly as a one-phase swap and holds it beside its serving
+   drafter (``POST /specopd/drafter/stage``);
 2. if ANY stage fails (refused drafter, another transaction staged there: 409, worker down), abort on every worker:
    nothing changes anywhere, the report says which worker refused and why;
 3. otherwise commit on every worker (the decision is taken: the update is now the fleet's committed version);
@@ -36,7 +38,7 @@ class WorkerOutcome:
 
     Attributes:
         url: the worker.
-        stage / commit / abort: the steps run (None: not run).
+        stage / commit / abort: the steps run (None: not run; e.g. no stage after the lock worker refused).
         verify: ``GET /specopd/drafter`` (+ probe) after the transaction; ``verify.reply["version"]`` is what the
             worker serves (None when it could not be read).
     """
@@ -152,8 +154,16 @@ class FleetRollout:
 
     def _transaction(self, urls: Sequence[str], update: DrafterUpdate) -> RolloutReport:
         txn = self._new_txn()
-        stages = self._each(lambda w: w.stage(txn, update, self.ttl_s), urls)
-        if not all(s.ok for s in stages):
+        # The lowest URL first, alone: it is the fleet's lock. Of two trainers rolling out at once, the one that
+        # stages there first wins; the other gets 409 there and has staged nowhere else (parallel stages
+        # everywhere could leave each trainer holding some workers, and both abort).
+        lock = min(urls)
+        first = self._worker(lock).stage(txn, update, self.ttl_s)
+        rest = [u for u in urls if u != lock]
+        others = self._each(lambda w: w.stage(txn, update, self.ttl_s), rest) if first.ok else [None] * len(rest)
+        by_url = {lock: first, **dict(zip(rest, others))}
+        stages = [by_url[u] for u in urls]
+        if not all(s is not None and s.ok for s in stages):
             aborts = self._each(lambda w: w.abort(txn), urls)
             infos = self._each(lambda w: w.info(), urls)
             return RolloutReport(txn, update.version, False, tuple(
