@@ -103,7 +103,7 @@ def test_a_refused_stage_aborts_on_both(fleet, tiny_drafter: Path, tmp_path) -> 
     bad_dir = tmp_path / "b8"
     bad_dir.mkdir()
     config = json.loads((tiny_drafter / "config.json").read_text())
-    config["block_size"] = 8
+    config["dflash_config"]["block_size"] = 8
     (bad_dir / "config.json").write_text(json.dumps(config))
     (bad_dir / "model.safetensors").symlink_to(tiny_drafter / "model.safetensors")
     bad = DrafterUpdate.from_path(bad_dir, "fleet-bad")
