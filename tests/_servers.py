@@ -10,10 +10,11 @@ most tests that use one, so modules that need the same configuration share one s
   session, whatever happened (``-x``, Ctrl-C);
 * :func:`group_modules` (conftest's ``pytest_collection_modifyitems``) runs the modules that share a server one
   after another, at the place of the first of them, so a shared server is up for one stretch of the session;
-* :func:`checkout` puts a shared SPECOPD server back the way it started before each module uses it: the start-up
-  drafter serving again under its start-up version name (``"initial"``) if a module swapped drafters, SGLang's
-  radix cache flushed, the score_trees prefix cache (if any) emptied. So a module sees what a fresh server would
-  show, except the swap counter, which keeps counting (tests compare it with the value they read first).
+* :func:`checkout` puts a shared SPECOPD server back the way it started before each module uses it: a staged
+  rollout transaction aborted, the start-up drafter serving again under its start-up version name (``"initial"``)
+  if a module swapped drafters, SGLang's radix cache flushed, the score_trees prefix cache (if any) emptied. So a
+  module sees what a fresh server would show, except the swap counter, which keeps counting (tests compare it
+  with the value they read first).
 """
 
 from __future__ import annotations
@@ -196,6 +197,11 @@ def checkout(srv) -> None:
 
     initial, headers = srv.extra["initial_info"], _admin_headers(srv)
     now = drafter_info(srv.url, srv.spec.admin_api_key)
+    if now.get("staged"):  # a rollout transaction left staged (a failed test): drop it, or the swap below gets 409
+        from sglang_specopd.wire.rollout import ABORT_DRAFTER_PATH
+
+        r = httpx.post(srv.url + ABORT_DRAFTER_PATH, json={"txn": now["staged"]["txn"]}, headers=headers, timeout=60)
+        assert r.status_code == 200 and r.json()["aborted"], f"aborting a staged transaction -> {r.text[:300]}"
     if now["swaps"] != srv.extra["swaps_seen"]:
         body = json.dumps({"path": initial["path"], "version": initial["version"]}).encode()
         r = httpx.post(srv.url + SWAP_DRAFTER_PATH, content=body, headers=headers, timeout=120)

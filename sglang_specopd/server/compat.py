@@ -128,7 +128,8 @@ SYMBOLS: Tuple[Symbol, ...] = (
     _s("CustomSpecAlgo", _SPEC_REG, "CustomSpecAlgo", SUB, used_by="algorithm",
        attrs=("is_some", "is_none", "is_speculative", "handle_server_args", "create_worker")),
     _s("get_spec", _SPEC_REG, "get_spec", R, ("name",), used_by=("algorithm", "algorithm_dspark")),
-    _s("DFlashWorkerV2", _DFLASH_W, "DFlashWorkerV2", SUB, used_by=("algorithm", "hot_swap", "goodput_step"),
+    _s("DFlashWorkerV2", _DFLASH_W, "DFlashWorkerV2", SUB,
+       used_by=("algorithm", "hot_swap", "rollout", "goodput_step"),  # rollout: stages on draft_model's device
        attrs=("model_runner", "block_size", "_selector_sample", "_block_verification",  # read by SpecOPDWorker
               "draft_model", "_fused_kv_helper", "_init_fused_kv_helper",  # hot_swap rebuilds the helper
               # the speculative policy swaps the two runners for a step's views and reads what it supports
@@ -184,7 +185,7 @@ SYMBOLS: Tuple[Symbol, ...] = (
     _s("_handle_dflash", _SPEC_HOOK, "_handle_dflash", (R, AROUND), ("server_args",),
        used_by=("algorithm", "cpu.patches")),
     # --- the SPECOPD_DSPARK algorithm (algorithm_dspark.py): DSPARK's worker + traces; hot swap of its drafter ---
-    _s("DSparkWorkerV2", _DSPARK_W, "DSparkWorkerV2", SUB, used_by=("algorithm_dspark", "hot_swap"),
+    _s("DSparkWorkerV2", _DSPARK_W, "DSparkWorkerV2", SUB, used_by=("algorithm_dspark", "hot_swap", "rollout"),
        attrs=("_observers", "draft_model")),  # the observer facade traces wrap; the model hot swap loads into
     _s("DsparkStepObservers.observe_verify_step", "sglang.srt.speculative.dspark_components.dspark_observability",
        "DsparkStepObservers.observe_verify_step", OVR, ("self", "reqs", "bs", "prefix_lens", "draft_tokens",

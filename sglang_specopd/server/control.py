@@ -4,7 +4,8 @@ One request type (:class:`SpecOPDControlReq`, an ``op`` name + opaque bytes) and
 SGLang's own zmq IPC (msgspec structs registered with ``hook_custom_types`` in every process). The HTTP side uses
 a ``FanOutCommunicator`` created by SGLang's tokenizer manager from ``_COMMUNICATOR_SPECS`` (queueing: one op
 in flight at a time); the scheduler runs the op between batches in its event loop, so an op never races a
-forward. Ops: ``drafter_info``, ``swap_drafter`` (:mod:`sglang_specopd.server.hot_swap`), ``prefix_cache`` and
+forward. Ops: ``drafter_info``, ``swap_drafter`` (:mod:`sglang_specopd.server.hot_swap`), ``stage_drafter``,
+``commit_drafter``, ``abort_drafter``, ``expire_drafter`` (:mod:`sglang_specopd.server.rollout`), ``prefix_cache`` and
 ``score_dims`` (:mod:`sglang_specopd.server.scoring`).
 
 Tree scoring has its own request / reply pair (:class:`SpecOPDScoreReq` / :class:`SpecOPDScoreOutput`)
@@ -22,6 +23,7 @@ import traceback
 from typing import Callable, Dict
 
 from sglang_specopd.server import compat
+from sglang_specopd.server.drafter_txn import TxnConflict
 
 BaseReq = compat.get("BaseReq")  # SGLang's msgspec IPC struct base
 
@@ -68,7 +70,8 @@ def op(name: str):
 
 
 def handle_control(scheduler, req: SpecOPDControlReq) -> SpecOPDControlOutput:
-    """Run one op in the scheduler; any exception becomes a 500 reply, never a dead scheduler."""
+    """Run one op in the scheduler: ValueError -> 400, TxnConflict -> 409 (the reason as message), any other
+    exception a 500 reply, never a dead scheduler."""
     fn = _OPS.get(req.op)
     if fn is None:
         return SpecOPDControlOutput(status=404, message=f"unknown specopd op {req.op!r}")
@@ -76,6 +79,8 @@ def handle_control(scheduler, req: SpecOPDControlReq) -> SpecOPDControlOutput:
         status, message, payload = fn(scheduler, req.payload)
     except ValueError as exc:
         return SpecOPDControlOutput(status=400, message=str(exc))
+    except TxnConflict as exc:  # a rollout transaction op against another transaction's state
+        return SpecOPDControlOutput(status=409, message=str(exc))
     except Exception as exc:  # keep serving: report, do not crash the scheduler
         logger.error("specopd op %s failed:\n%s", req.op, traceback.format_exc())
         return SpecOPDControlOutput(status=500, message=f"{type(exc).__name__}: {exc}")

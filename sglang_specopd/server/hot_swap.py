@@ -39,6 +39,7 @@ from typing import Dict, Tuple
 
 import torch
 
+from sglang_specopd.server import drafter_txn
 from sglang_specopd.server.control import op
 
 _STATE = {"version": "initial", "swaps": 0, "spec": None, "target": None}
@@ -240,28 +241,54 @@ def check_swap_request(serving_spec, payload: bytes, target=None) -> Tuple[dict,
     return config, tensors, version
 
 
-@op("swap_drafter")
-def swap_drafter_op(scheduler, payload: bytes):
-    """Scheduler op: validate then apply a drafter swap; reply JSON {version, previous_version, swaps}."""
+def checked_drafter(scheduler, payload: bytes) -> Tuple[object, Dict[str, torch.Tensor], str]:
+    """``(worker, tensors, version)`` of a swap body that is a drop-in for ``scheduler``'s serving drafter
+    (:func:`check_swap_request`); ValueError (HTTP 400) with the first problem, also on a server without one."""
     worker = _worker(scheduler)
     _, tensors, version = check_swap_request(_serving_spec(scheduler), payload, _target(scheduler))
+    return worker, tensors, version
+
+
+def serving_worker(scheduler):
+    """The speculative worker whose ``draft_model`` serves; ValueError (HTTP 400) on a server without a drafter."""
+    return _worker(scheduler)
+
+
+def install(scheduler, worker, tensors: Dict[str, torch.Tensor], version: str) -> dict:
+    """Make validated ``tensors`` the serving drafter under ``version`` (:func:`apply_swap`, version bump, radix
+    cache flush when idle); ``{"version", "previous_version", "swaps", "cache_flushed"}``. Shared by the one-phase
+    swap and a rollout commit (:mod:`sglang_specopd.server.rollout`)."""
     apply_swap(worker, tensors)
     previous = _STATE["version"]
     _STATE["version"], _STATE["swaps"] = version, _STATE["swaps"] + 1
     # The radix cache keeps the draft KV (context projections) the previous drafter computed for cached prefixes;
     # new requests would reuse it. Drop it when nothing is running (SGLang refuses to flush a busy scheduler).
     flushed = bool(scheduler.flush_cache()) if hasattr(scheduler, "flush_cache") else False
-    return 200, "ok", json.dumps({"version": version, "previous_version": previous,
-                                  "swaps": _STATE["swaps"], "cache_flushed": flushed}).encode()
+    return {"version": version, "previous_version": previous, "swaps": _STATE["swaps"], "cache_flushed": flushed}
+
+
+@op("swap_drafter")
+def swap_drafter_op(scheduler, payload: bytes):
+    """Scheduler op: validate then apply a drafter swap; reply JSON {version, previous_version, swaps,
+    cache_flushed}. 409 (:class:`~sglang_specopd.server.drafter_txn.TxnConflict`) while a rollout transaction is
+    staged: the swap would change the drafter under it."""
+    drafter_txn.check_free()
+    worker, tensors, version = checked_drafter(scheduler, payload)
+    reply = install(scheduler, worker, tensors, version)
+    drafter_txn.clear_last_commit()
+    return 200, "ok", json.dumps(reply).encode()
 
 
 @op("drafter_info")
 def drafter_info_op(scheduler, payload: bytes):
-    """Scheduler op: the serving drafter's version, swap count, path and spec."""
+    """Scheduler op: the serving drafter's version, swap count, path, spec and the staged rollout transaction
+    (``staged``: ``{"txn", "version", "expires_in_s"}`` or null)."""
     from sglang_specopd.wire.drafter_archs import arch_for_spec, spec_as_dict
 
     worker = getattr(scheduler, "draft_worker", None)
-    info = {"version": _STATE["version"], "swaps": _STATE["swaps"], "has_drafter": worker is not None}
+    staged = drafter_txn.current()
+    info = {"version": _STATE["version"], "swaps": _STATE["swaps"], "has_drafter": worker is not None,
+            "staged": staged.info() if staged is not None else None}
     if worker is not None and hasattr(worker, "draft_model"):
         info["path"] = scheduler.server_args.speculative_draft_model_path
         spec = _serving_spec(scheduler)

@@ -46,6 +46,7 @@ def register() -> None:
     register_algorithm()
     register_dspark_algorithm()
     import sglang_specopd.server.hot_swap  # noqa: F401  (registers the swap_drafter / drafter_info ops)
+    import sglang_specopd.server.rollout  # noqa: F401  (registers the stage / commit / abort / expire ops)
     from sglang_specopd.server.traces import verify_trace_param
     from sglang_specopd.server.traffic import register_traffic_op, verify_spool_param
 

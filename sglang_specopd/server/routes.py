@@ -1,7 +1,8 @@
 """HTTP routes the plugin adds to SGLang's FastAPI app (added by a BEFORE hook on ``launch_server``).
 
 ``POST /specopd/drafter/swap`` (admin: SGLang's ADMIN_FORCE level, so ``--admin-api-key`` is required and
-checked by SGLang's own auth middleware), ``GET /specopd/drafter`` (version, spec and name of the serving drafter,
+checked by SGLang's own auth middleware), ``POST /specopd/drafter/stage``, ``/commit`` and ``/abort`` (admin, as
+the swap: the two-phase swap of a fleet rollout, :mod:`sglang_specopd.server.rollout_routes`), ``GET /specopd/drafter`` (version, spec and name of the serving drafter,
 no server paths) and ``GET /specopd/drafter/admin`` (admin: the same plus its checkpoint path), in
 :mod:`sglang_specopd.server.drafter_routes`.
 ``GET /specopd/prefix_cache`` (the score_trees prefix cache's stats) and ``POST /specopd/prefix_cache/clear``
@@ -125,6 +126,27 @@ async def traffic_purge(request: Request):
     return await _json_op("traffic", b'{"action": "purge"}')
 
 
+def _add_rollout_routes(app, admin) -> None:
+    """``POST /specopd/drafter/stage|commit|abort`` (admin, as the swap): the two-phase swap of a fleet rollout
+    (:mod:`sglang_specopd.server.rollout_routes`); reads ``SPECOPD_STAGE_TTL_S`` now (a bad value stops the start)."""
+    from sglang_specopd.server import rollout_routes
+    from sglang_specopd.wire.rollout import ABORT_DRAFTER_PATH, COMMIT_DRAFTER_PATH, STAGE_DRAFTER_PATH
+
+    rollout_routes.configure()
+
+    async def stage(request: Request):
+        return await rollout_routes.stage_drafter(request)
+
+    async def commit(request: Request):
+        return await rollout_routes.commit_drafter(request)
+
+    async def abort(request: Request):
+        return await rollout_routes.abort_drafter(request)
+
+    for path, handler in ((STAGE_DRAFTER_PATH, stage), (COMMIT_DRAFTER_PATH, commit), (ABORT_DRAFTER_PATH, abort)):
+        app.add_api_route(path, admin(handler), methods=["POST"])
+
+
 def add_routes(*args, **kwargs):
     """BEFORE hook for ``http_server.launch_server``: add the plugin's routes to SGLang's app, and guard its
     connections (:mod:`sglang_specopd.server.http_guard`)."""
@@ -139,6 +161,7 @@ def add_routes(*args, **kwargs):
         # ADMIN_FORCE: SGLang's auth middleware requires --admin-api-key (403 when none is configured).
         app.add_api_route(SWAP_DRAFTER_PATH, auth_level(admin_force)(swap_drafter), methods=["POST"])
         app.add_api_route(DRAFTER_INFO_PATH, drafter_info, methods=["GET"])
+        _add_rollout_routes(app, auth_level(admin_force))
         app.add_api_route(DRAFTER_ADMIN_INFO_PATH, auth_level(admin_force)(drafter_admin_info), methods=["GET"])
         app.add_api_route(PREFIX_CACHE_PATH, prefix_cache_stats, methods=["GET"])
         app.add_api_route(PREFIX_CACHE_PATH + "/clear", auth_level(admin_force)(prefix_cache_clear),

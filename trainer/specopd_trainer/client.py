@@ -204,6 +204,17 @@ class SpecOPDClient:
     def _admin_headers(self) -> Dict[str, str]:
         return {"Authorization": f"Bearer {self._admin_key}"} if self._admin_key else {}
 
+    def admin_request(self, method: str, path: str, **kwargs) -> httpx.Response:
+        """One request to an admin route (the admin key as bearer), with this client's retries and errors."""
+        headers = {**self._admin_headers(), **(kwargs.pop("headers", None) or {})}
+        return self._request(method, path, headers=headers, **kwargs)
+
+    def drafter_info(self) -> Dict[str, Any]:
+        """``GET /specopd/drafter``: ``{"version", "swaps", "has_drafter", "arch", "spec", "name", "staged"}``."""
+        from sglang_specopd.wire.protocol import DRAFTER_INFO_PATH
+
+        return self._request("GET", DRAFTER_INFO_PATH).json()
+
     def traffic(self, max_items: int) -> List[Dict[str, Any]]:
         """The next up to ``max_items`` (1..4096) live-traffic items this client has not read yet, oldest first
         (``GET /specopd/traffic``, admin: needs ``admin_api_key``). Each item is exactly ``{"input_ids": [int]
