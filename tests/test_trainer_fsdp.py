@@ -113,3 +113,31 @@ def test_checkpoints_move_between_fsdp2_and_one_process(runs, tmp_path):
     assert _close(d.state_dict(), single) < TOL
     assert _losses(run)[10:] == pytest.approx(_losses(out / "single")[10:], abs=TOL)
     assert ref["step"] == 20
+
+
+@pytest.fixture(scope="module")
+def specopd_runs(tmp_path_factory):
+    """The SpecOPD FSDP2 worker's runs (one torchrun launch)."""
+    out = tmp_path_factory.mktemp("fsdp_specopd")
+    worker = Path(__file__).with_name("_fsdp_specopd_worker.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(worker), str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out
+
+
+@pytest.mark.slow
+def test_specopd_fsdp2_pushes_full_weights_and_resumes_exactly(specopd_runs):
+    """SpecOPD under FSDP2: the ranks end with the same full weights, a mid-run push carries the full drafter of that
+    step (the step-4 checkpoint's), and a crash after step 5 + resume ends where the straight run does."""
+    out = specopd_runs
+    straight = _fsdp_weights(out / "straight")
+    assert _close(straight, tiny_drafter().state_dict()) > 1e-3  # it trained
+    ckpt = torch.load(out / "straight" / "checkpoints" / "step-0000004.pt", weights_only=False)
+    pushed = torch.load(out / "straight" / "push4.pt")
+    assert _close(pushed, ckpt["drafter"]) == 0.0
+    assert _close(torch.load(out / "straight" / "push6.pt"), straight) == 0.0
+    assert _close(pushed, straight) > 1e-4  # a push is the weights of its step, not the final ones
+    assert _close(_fsdp_weights(out / "crash"), straight) < 1e-6
+    assert _losses(out / "crash") == pytest.approx(_losses(out / "straight"), abs=1e-6)
