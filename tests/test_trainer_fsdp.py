@@ -141,3 +141,54 @@ def test_specopd_fsdp2_pushes_full_weights_and_resumes_exactly(specopd_runs):
     assert _close(pushed, straight) > 1e-4  # a push is the weights of its step, not the final ones
     assert _close(_fsdp_weights(out / "crash"), straight) < 1e-6
     assert _losses(out / "crash") == pytest.approx(_losses(out / "straight"), abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def draft_opd_runs(tmp_path_factory):
+    """A single-process Draft-OPD run on the fake server and the worker's DDP / FSDP2 runs (one torchrun launch)."""
+    from test_draft_opd_loop import PROMPTS, FakeServer, _cfg, _pusher
+
+    from specopd_trainer.algorithms.draft_opd.loop import train_draft_opd
+
+    out = tmp_path_factory.mktemp("dist_draft_opd")
+    server = FakeServer()
+    summary = train_draft_opd(tiny_drafter(), server, PROMPTS, out / "single", _cfg(), push=_pusher(server, []),
+                              progress=False)
+    worker = Path(__file__).with_name("_dist_draft_opd_worker.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(worker), str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out, summary, server.generated
+
+
+COUNTS = ("records", "error_records", "accepted_per_slot", "rejected_per_slot", "blocks", "accepted_tokens",
+          "rejected_tokens", "step_supervised_tokens", "supervised_tokens")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+def test_draft_opd_under_torchrun_splits_the_single_process_rollouts(draft_opd_runs, parallel):
+    """Draft-OPD on 2 ranks: each rank rolls out half the step's prompts (the single-process draw), so the summed
+    counts of every step equal the single-process run's; rank 0's pushes reach every rank's ledger; the ranks end
+    with the same trained weights."""
+    out, single, generated = draft_opd_runs
+    run = out / parallel
+    for rank in (0, 1):
+        info = json.loads((run / f"rank{rank}.json").read_text())
+        assert info["pushed"] == [0, 2, 4] and info["versions"] == single["versions"]
+        assert info["generated"] == generated // 2  # its share of the prompts
+    for a, b in zip(_rows(out / "single"), _rows(run), strict=True):
+        assert {k: a[k] for k in COUNTS} == {k: b[k] for k in COUNTS}, a["step"]
+        assert b["stale_records"] == 0 and b["unknown_version_records"] == 0
+    weights = _fsdp_weights(run)
+    assert _close(weights, tiny_drafter().state_dict()) > 1e-3
+
+
+@pytest.mark.slow
+def test_draft_opd_fsdp2_crash_and_resume_is_exact(draft_opd_runs):
+    out, _, _ = draft_opd_runs
+    assert _close(_fsdp_weights(out / "fsdp2_crash"), _fsdp_weights(out / "fsdp2")) < 1e-6
+    assert _losses(out / "fsdp2_crash") == pytest.approx(_losses(out / "fsdp2"), abs=1e-6)
+    info = json.loads((out / "fsdp2_crash" / "rank1.json").read_text())
+    assert info["versions"] == json.loads((out / "fsdp2" / "rank1.json").read_text())["versions"]
