@@ -192,3 +192,47 @@ def test_draft_opd_fsdp2_crash_and_resume_is_exact(draft_opd_runs):
     assert _losses(out / "fsdp2_crash") == pytest.approx(_losses(out / "fsdp2"), abs=1e-6)
     info = json.loads((out / "fsdp2_crash" / "rank1.json").read_text())
     assert info["versions"] == json.loads((out / "fsdp2" / "rank1.json").read_text())["versions"]
+
+
+def test_what_cannot_run_sharded_is_refused_in_one_line(monkeypatch, tmp_path):
+    """Sequential OPD refuses fsdp2 (config and CLI: one ``error:`` line, exit 2) and torchrun (typed error);
+    SpecOPD refuses FSDP2 with fewer sequences per step than ranks; Draft-OPD refuses --from-traffic under torchrun.
+    All before any collective or server call (a world of 2 is faked)."""
+    from pydantic import ValidationError
+    from typer.testing import CliRunner
+
+    from sglang_specopd.app.cli import _register_subcommands, app
+    from specopd_trainer.algorithms.draft_opd import loop as draft_loop
+    from specopd_trainer.algorithms.draft_opd.config import DraftOPDConfig
+    from specopd_trainer.algorithms.registry import AlgorithmError, ShardingRefusedError
+    from specopd_trainer.algorithms.sequential_opd import loop as seq_loop
+    from specopd_trainer.algorithms.sequential_opd.config import SequentialOPDConfig
+    from specopd_trainer.algorithms.specopd import loop as specopd_loop
+    from specopd_trainer.algorithms.specopd.config import SpecOPDConfig
+
+    with pytest.raises(ValidationError, match="sequential OPD cannot run sharded"):
+        SequentialOPDConfig(parallel="fsdp2")
+    _register_subcommands()
+    res = CliRunner().invoke(app, ["train", "sequential-opd", "--server", "http://127.0.0.1:9", "--parallel", "fsdp2"],
+                             env={"SPECOPD_ADMIN_KEY": None, "SPECOPD_API_KEY": None})
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert res.stderr.strip().splitlines() == [
+        "error: sequential OPD cannot run sharded (fsdp2): it pushes the drafter and rolls out through the server "
+        "before every step, in a single process"]
+    assert issubclass(ShardingRefusedError, AlgorithmError)  # the CLI prints it as one error: line (exit 1)
+
+    for module in (seq_loop, specopd_loop, draft_loop):
+        monkeypatch.setattr(module, "dist_info", lambda: (0, 2))
+    with pytest.raises(ShardingRefusedError, match="not under torchrun"):
+        seq_loop.train_sequential_opd(tiny_drafter(), None, [[1, 2]], tmp_path / "s", SequentialOPDConfig(),
+                                      push=lambda *a: None)
+    with pytest.raises(ShardingRefusedError, match=r"seqs_per_step \(1\) must be at least the 2 ranks"):
+        specopd_loop.train_specopd(tiny_drafter(), None, tiny_sequences(), tmp_path / "o",
+                                   SpecOPDConfig(seqs_per_step=1, parallel="fsdp2"))
+    with pytest.raises(ShardingRefusedError, match="from-traffic .* single process"):
+        draft_loop.train_draft_opd(tiny_drafter(), None, [], tmp_path / "d", DraftOPDConfig(from_traffic=True),
+                                   push=lambda *a: None)
+    with pytest.raises(ShardingRefusedError, match=r"rollout_prompts \(1\) must be at least the 2 ranks"):
+        draft_loop.train_draft_opd(tiny_drafter(), None, [[1, 2]], tmp_path / "d", DraftOPDConfig(rollout_prompts=1),
+                                   push=lambda *a: None)
+    assert not any((tmp_path / d).exists() for d in ("s", "o", "d"))  # refused before touching the run dir
