@@ -1,5 +1,5 @@
 """torchrun worker for tests/test_trainer_fsdp.py (2 CPU processes, gloo, FSDP2): SFT runs the test compares with
-single-process runs. ``OUT/fsdp``: 20 straight steps; ``OUT/crash``: a run that dies after step 12 (checkpoint at
+single-process runs. ``OUT/fsdp``: 20 straight steps (held-out greedy-walk tau every 10 on 2 sequences); ``OUT/crash``: a run that dies after step 12 (checkpoint at
 step 10), copied to ``OUT/crash_copy`` (for a single-process resume), then resumed here under FSDP2 with a
 differently initialised drafter; ``OUT/from_single``: a single-process checkpoint the test wrote, resumed under
 FSDP2. Each run's final drafter weights go to ``<run>/rank<r>.pt`` (every rank, after the engine materialised them).
@@ -26,7 +26,7 @@ class Crash(RuntimeError):
 def cfg(**kw) -> SFTConfig:
     """The runs' config (the test builds the single-process runs with the same)."""
     base = dict(steps=20, seqs_per_step=3, anchors_per_seq=4, log_every=1, ckpt_every=5, warmup_steps=2, lr=3e-3,
-                parallel="fsdp2")
+                eval_every=10, parallel="fsdp2")
     base.update(kw)
     return SFTConfig(**base)
 
@@ -52,7 +52,7 @@ def main(out: str) -> None:
 
     def train(run: str, seed: int = 0):
         drafter = tiny_drafter(seed=seed)
-        train_sft(drafter, seqs, [], out / run, cfg(), progress=False)
+        train_sft(drafter, seqs, seqs[:2] if run == "fsdp" else [], out / run, cfg(), progress=False)
         torch.save(drafter.state_dict(), out / run / f"rank{dist.get_rank()}.pt")
 
     train("fsdp")

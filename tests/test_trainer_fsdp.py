@@ -33,7 +33,7 @@ def _rows(run: Path):
 
 def _single(run: Path, seed: int = 0) -> dict:
     d = tiny_drafter(seed=seed)
-    train_sft(d, tiny_sequences(), [], run, cfg(parallel="ddp"), progress=False)
+    train_sft(d, tiny_sequences(), tiny_sequences()[:2], run, cfg(parallel="ddp"), progress=False)
     return d.state_dict()
 
 
@@ -82,6 +82,8 @@ def test_fsdp2_matches_single_process(runs):
         assert abs(ra["loss"] - rb["loss"]) < TOL, (ra["step"], ra["loss"], rb["loss"])
         assert abs(ra["grad_norm"] - rb["grad_norm"]) < 1e-4 * max(1.0, ra["grad_norm"])
         assert ra["train_tokens"] == rb["train_tokens"]  # the same global batch
+        assert str(ra["eval_walk_tau"]) == str(rb["eval_walk_tau"])  # the evaluation on gathered weights (nan: none)
+    assert [r["eval_walk_tau"] >= 1.0 for r in b[10:]] == [True] * 10  # evaluated (not nan) after step 10
     assert _losses(out / "single")[-1] < 0.9 * _losses(out / "single")[0]  # it trained
     fsdp = _fsdp_weights(out / "fsdp")
     assert _close(fsdp, single) < TOL
