@@ -18,7 +18,8 @@ def lr_at(step: int, *, base_lr: float, warmup_steps: int, total_steps: int, min
 
 
 def dist_info() -> Tuple[int, int]:
-    """(rank, world_size); initialises torch.distributed (gloo on CPU, nccl on GPU) when run under torchrun."""
+    """(rank, world_size); initialises torch.distributed when run under torchrun: gloo without CUDA, gloo for CPU
+    tensors + nccl for CUDA tensors with it (:func:`specopd_trainer.loops.parallel.backend`)."""
     import torch.distributed as dist
 
     from specopd_trainer.loops.parallel import backend

@@ -6,7 +6,8 @@ holds the whole drafter and its AdamW state, gradients are all-reduced. ``parall
 call their layers' methods, not their ``forward``, so the layers cannot be separate units): each rank keeps
 ``1/world`` of every parameter, its gradient and its AdamW moments as DTensor shards; the module's ``forward``
 all-gathers the parameters, its backward reduce-scatters the gradients (averaged over ranks). The process group is
-gloo on CPU and nccl when CUDA is available (:func:`backend`); the FSDP2 device mesh follows the same device.
+gloo without CUDA, and gloo for CPU tensors + nccl for CUDA tensors when CUDA is available (:func:`backend`); the
+FSDP2 device mesh is on the device the drafter's parameters are on, so the collectives follow the training device.
 
 Checkpoints stay in the single-process format whatever the strategy: :func:`full_training_state` gathers the full
 drafter state dict and the optimizer state dict keyed by parameter index (``torch.optim.Optimizer.state_dict``'s
@@ -18,7 +19,6 @@ parameters back into plain full tensors on every rank (for the final push and ``
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Any, Dict, Iterator, List, Tuple
 
 import torch
@@ -27,19 +27,17 @@ STRATEGIES = ("ddp", "fsdp2")
 
 
 def backend() -> str:
-    """The torch.distributed backend of this machine: ``"nccl"`` when CUDA is available, else ``"gloo"``."""
-    return "nccl" if torch.cuda.is_available() else "gloo"
-
-
-def device_type() -> str:
-    """The device the ranks train on: ``"cuda"`` with the nccl backend, else ``"cpu"``."""
-    return "cuda" if backend() == "nccl" else "cpu"
+    """The torch.distributed backend of this machine: ``"gloo"`` without CUDA, else ``"cpu:gloo,cuda:nccl"`` (one
+    process group: CPU tensors over gloo, CUDA tensors over nccl; object collectives over gloo), so that a drafter
+    trained on the CPU or on a GPU has its collectives either way."""
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
 
 
 def wrap(module: torch.nn.Module, strategy: str, world: int, **ddp_kwargs) -> torch.nn.Module:
     """``module`` ready for ``world`` ranks: itself when ``world == 1``, DDP-wrapped (``ddp_kwargs`` passed on) for
     ``"ddp"``, or sharded in place by FSDP2 (``fully_shard`` on a 1-D device mesh of all ranks; returned) for
-    ``"fsdp2"``. Build the optimizer AFTER this call (FSDP2 replaces the parameters by DTensor shards). Under FSDP2
+    ``"fsdp2"`` (the mesh on the device of the module's parameters: ``cpu``, or ``cuda`` with each rank's module
+    already on its own GPU). Build the optimizer AFTER this call (FSDP2 replaces the parameters by DTensor shards). Under FSDP2
     every rank must call the module's ``forward`` and ``backward`` the same number of times per step.
 
     Raises ValueError for an unknown ``strategy``.
@@ -55,9 +53,10 @@ def wrap(module: torch.nn.Module, strategy: str, world: int, **ddp_kwargs) -> to
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    if device_type() == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    fully_shard(module, mesh=init_device_mesh(device_type(), (world,)))
+    device = next(module.parameters()).device
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    fully_shard(module, mesh=init_device_mesh(device.type, (world,)))
     return module
 
 

@@ -5,7 +5,7 @@ Per step: ``seqs_per_step`` sequences, ``anchors_per_seq`` random anchors each (
 forward per sequence with the anchor-block training mask, loss ``ce_decay`` (DFlash, z-lab/dflash and SpecForge
 ``specforge/core/dflash.py``: w_k = exp(-(k-1)/gamma) over slots k = 1..B-1). Optimiser, schedule, checkpoints
 and exact resume come from :mod:`specopd_trainer.loops.engine`. Under ``torchrun`` (:mod:`specopd_trainer.loops.parallel`,
-gloo on CPU, nccl on GPU) with ``cfg.parallel``:
+gloo for CPU tensors, nccl for CUDA ones) with ``cfg.parallel``:
 
 - ``ddp``: the loss module is wrapped in DDP, each rank samples its own ``seqs_per_step`` sequences and only the last
   backward of a step all-reduces;

@@ -3,7 +3,7 @@
 :func:`train_specopd` drives one scored batch per ``cfg.minibatches`` optimizer steps (:mod:`.batch`: drafter
 forward at anchors, K branches sampled from the drafter, ONE ``/specopd/score_trees`` call; :mod:`.loss`: the
 registry's tree loss) on :func:`specopd_trainer.loops.engine.run_training` (AdamW, warmup + cosine, atomic
-checkpoints, exact resume from the run directory). Under ``torchrun`` (gloo on CPU, nccl on GPU) the step is
+checkpoints, exact resume from the run directory). Under ``torchrun`` (gloo for CPU tensors, nccl for CUDA ones) the step is
 wrapped as ``cfg.parallel`` says (:mod:`specopd_trainer.loops.parallel`): ``ddp``: each rank samples its own
 ``seqs_per_step`` sequences with its per-rank step generator and scores them with its own server call, the backward
 all-reduces; ``fsdp2``: the drafter is sharded, every rank draws the single-process step's ``seqs_per_step``
