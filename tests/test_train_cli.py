@@ -222,6 +222,41 @@ def test_specopd_ddp_two_gloo_ranks(server, tmp_path: Path) -> None:
 
 
 @pytest.mark.server
+def test_specopd_fsdp2_two_gloo_ranks_then_one_process(server, tmp_path: Path) -> None:
+    """``torchrun --nproc_per_node 2 ... --parallel fsdp2``: the step's SEQS sequences are split across the ranks (the
+    single-process batch, so at most its supervised tokens), rank 0 pushes the gathered drafter once and saves it;
+    the run then resumes in ONE process from the FSDP2 checkpoint (full tensors) for a third step."""
+    import os
+    import subprocess
+    import sys
+
+    from specopd_trainer.drafters.dflash import DFlashDrafter
+
+    run = tmp_path / "fsdp2"
+    swaps0 = info(server.url)["swaps"]
+    args = specopd_args(server.url, run, 2, "dialogue", "--parallel", "fsdp2")
+    env = {k: v for k, v in os.environ.items() if k not in ("SPECOPD_ADMIN_KEY", "SPECOPD_API_KEY")}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "sglang_specopd.app.cli", "train", *args], env={**env, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 rank(s)" in proc.stderr and "Traceback" not in proc.stderr
+    got = rows(run)
+    assert [r["step"] for r in got] == [1, 2]
+    assert all(0 < r["step_supervised_tokens"] <= SEQS * ANCHORS * BRANCHES * (TINY_BLOCK_SIZE - 1) for r in got)
+    now = info(server.url)
+    assert now["swaps"] == swaps0 + 1 and now["version"] == "specopd-fsdp2-step2"  # pushed once, by rank 0
+    assert proc.stdout.count("drafter saved to") == 1
+    ckpt = torch.load(run / "checkpoints" / "step-0000002.pt", weights_only=False)
+    for name, t in DFlashDrafter.from_pretrained(run / "drafter").state_dict().items():
+        assert torch.equal(t, ckpt["drafter"][name]), name  # full tensors, the saved drafter's
+    res = cli(*specopd_args(server.url, run, 3, "dialogue"))  # one process, --parallel ddp (the default)
+    assert res.exit_code == 0, res.output
+    assert [r["step"] for r in rows(run)] == [1, 2, 3] and rows(run)[:2] == got
+    assert info(server.url)["version"] == "specopd-fsdp2-step3"
+
+
+@pytest.mark.server
 def test_sft_pushes_at_the_end(server, tmp_path: Path) -> None:
     run = tmp_path / "sft"
     swaps0 = info(server.url)["swaps"]

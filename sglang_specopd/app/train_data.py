@@ -10,7 +10,7 @@ from sglang_specopd.app.train_options import _TrainFail
 from sglang_specopd.app.train_session import _Session
 
 # options that may change between a run and its resume (the rest must match run_config.json)
-_RESUMABLE_CHANGES = ("steps", "max_minutes", "push_every", "log_every", "ckpt_every")
+_RESUMABLE_CHANGES = ("steps", "max_minutes", "push_every", "log_every", "ckpt_every", "parallel")
 
 
 def _parse_domains(data: str) -> Optional[List[str]]:

@@ -3,7 +3,7 @@ their constraints and descriptions (the CLI help) are written once. Defaults dif
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -54,6 +54,15 @@ def ckpt_every(default: int) -> Any:
     return Field(default=default, ge=1, description="Atomic checkpoint every N steps.")
 
 
+def parallel() -> Any:
+    """``parallel``: how the ranks share a step under ``torchrun`` (ddp or fsdp2)."""
+    return Field(default="ddp", description="How ranks share the work under torchrun (no effect in a single "
+                 "process): ddp (every rank holds the whole drafter and optimizer, gradients all-reduced, "
+                 "seqs_per_step counts per rank) or fsdp2 (torch FSDP2 fully_shard: parameters, gradients and AdamW "
+                 "state sharded across ranks; each step's global batch, the single-process one, is split across "
+                 "ranks). Checkpoints are full either way: a run resumes under either strategy or in one process")
+
+
 class TrainConfig(BaseModel):
     """Base of every algorithm's config: strict (unknown keys rejected), frozen, and the fields whose default is the
     same for every algorithm (time budget, LR floor, gradient clip, seed); subclasses add the rest."""
@@ -64,3 +73,4 @@ class TrainConfig(BaseModel):
     min_lr_ratio: float = min_lr_ratio()
     grad_clip: float = grad_clip()
     seed: int = seed()
+    parallel: Literal["ddp", "fsdp2"] = parallel()

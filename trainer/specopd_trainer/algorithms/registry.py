@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Sequen
 from pydantic import BaseModel
 
 __all__ = ["AdaptContext", "Algorithm", "AlgorithmError", "BUILTIN", "NothingToTrain", "PushFn", "RunReport",
-           "TrainContext", "UnknownAlgorithmError", "adaptive", "algorithms", "fmt", "get", "names", "register",
+           "ShardingRefusedError", "TrainContext", "UnknownAlgorithmError", "adaptive", "algorithms", "fmt", "get", "names", "register",
            "unregister"]
 
 # The algorithm packages of the trainer, imported (so registered) on the first lookup: one line per algorithm.
@@ -43,6 +43,11 @@ class AlgorithmError(Exception):
 
 class NothingToTrain(AlgorithmError):
     """An adapt step found nothing to train on yet (no traffic, no fresh blocks): the adapter waits for traffic."""
+
+
+class ShardingRefusedError(AlgorithmError):
+    """An algorithm or setting that cannot run as asked under ``torchrun`` (e.g. sequential OPD sharded, fewer
+    sequences per step than FSDP2 ranks): one line for the user, raised before any training step."""
 
 
 class UnknownAlgorithmError(KeyError):

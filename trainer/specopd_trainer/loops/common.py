@@ -18,12 +18,15 @@ def lr_at(step: int, *, base_lr: float, warmup_steps: int, total_steps: int, min
 
 
 def dist_info() -> Tuple[int, int]:
-    """(rank, world_size); initialises torch.distributed (gloo on CPU, nccl on GPU) when run under torchrun."""
+    """(rank, world_size); initialises torch.distributed when run under torchrun: gloo without CUDA, gloo for CPU
+    tensors + nccl for CUDA tensors with it (:func:`specopd_trainer.loops.parallel.backend`)."""
     import torch.distributed as dist
+
+    from specopd_trainer.loops.parallel import backend
 
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
         if not dist.is_initialized():
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+            dist.init_process_group(backend())
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
 

@@ -6,6 +6,10 @@ gradients, sets the LR (linear warmup + cosine), clips, steps AdamW, logs a CSV 
 writes an atomic checkpoint every ``ckpt_every`` steps and at the end, and resumes from the run directory's
 latest checkpoint (the step RNG is a pure function of (seed, step, rank), so resume is exact). The progress bar
 (:mod:`.progress`) runs over steps, or over training seconds when a time budget is set.
+
+Under ``torchrun`` the loop wraps its loss module with :func:`specopd_trainer.loops.parallel.wrap` (DDP or FSDP2)
+before calling :func:`run_training`; with FSDP2 the engine gathers full checkpoints (the single-process format,
+collective), loads them into shards on resume, and returns the drafter with plain full parameters.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch
 from specopd_trainer.checkpoint import (atomic_write_bytes, latest_checkpoint, load_checkpoint, save_checkpoint,
                                         truncate_metrics_log)
 from specopd_trainer.loops.common import dist_info, lr_at, step_generator
+from specopd_trainer.loops.parallel import full_training_state, grad_norm_value, load_training_state, materialize
 from specopd_trainer.loops.progress import TrainProgress
 
 
@@ -50,8 +55,7 @@ def run_training(drafter, step_fn: Callable[[int, torch.Generator], Tuple[float,
     ckpt = latest_checkpoint(run_dir)
     if ckpt is not None:
         state = load_checkpoint(ckpt)
-        drafter.load_state_dict(state["drafter"])
-        opt.load_state_dict(state["optimizer"])
+        load_training_state(drafter, opt, state["drafter"], state["optimizer"])
         start, wall_before = int(state["step"]), float(state.get("wall_s", 0.0))
     log_path = run_dir / "metrics.jsonl"
     if rank == 0:
@@ -65,8 +69,9 @@ def run_training(drafter, step_fn: Callable[[int, torch.Generator], Tuple[float,
     def checkpoint():
         nonlocal last_ckpt
         last_ckpt = step
+        model_state, opt_state = full_training_state(drafter, opt)  # collective under FSDP2
         if rank == 0:
-            save_checkpoint(run_dir, step, {"drafter": drafter.state_dict(), "optimizer": opt.state_dict(),
+            save_checkpoint(run_dir, step, {"drafter": model_state, "optimizer": opt_state,
                                             "config": config or {}, "wall_s": wall_before + time.monotonic() - t0})
 
     while step < steps:
@@ -79,7 +84,7 @@ def run_training(drafter, step_fn: Callable[[int, torch.Generator], Tuple[float,
             g["lr"] = cur_lr
         opt.zero_grad(set_to_none=True)
         loss, metrics = step_fn(step, step_generator(seed, step, rank))
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip))
+        grad_norm = grad_norm_value(torch.nn.utils.clip_grad_norm_(params, grad_clip))
         opt.step()
         step += 1
         wall = wall_before + time.monotonic() - t0
@@ -96,6 +101,7 @@ def run_training(drafter, step_fn: Callable[[int, torch.Generator], Tuple[float,
                                                           if isinstance(v, float)}})
     if step > start and step != last_ckpt:
         checkpoint()
+    materialize(drafter)  # FSDP2: plain full parameters again on every rank (final push, save_pretrained)
     bar.close()
     return {"steps": step, "loss": loss, "wall_s": wall_before + time.monotonic() - t0, "metrics": metrics}
 

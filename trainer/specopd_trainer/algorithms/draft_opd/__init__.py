@@ -5,7 +5,8 @@ decoding through the live server (many requests in flight) or from the traffic t
 records of stale drafter versions, replays the drafter at the blocks that had a rejection and trains with
 forward KL on the accepted slots and gamma-weighted reverse KL on the rejected ones (loss ``draft_opd``).
 Paper code: bingyang-lei/Draft-OPD. Modules: :mod:`.config`, :mod:`.rollouts` (sources and verify records),
-:mod:`.versions` (staleness), :mod:`.replay` (selection, loss), :mod:`.loop` (:func:`train_draft_opd`),
+:mod:`.versions` (staleness), :mod:`.replay` (selection, loss), :mod:`.ranks` (under torchrun),
+:mod:`.loop` (:func:`train_draft_opd`),
 :mod:`.run` (the registry's run). Design: docs/draft_opd.md.
 """
 
@@ -21,13 +22,14 @@ ALGORITHM = register(Algorithm(
          "rejection, forward KL on accepted slots and gamma-weighted reverse KL on rejected ones.\n\n"
          "Needs --admin-key. With --from-traffic it trains on the requests the server recorded (its traffic "
          "endpoint) instead of rolling out prompts, pushing the drafter hot while the server keeps serving. "
-         "Ablations: --anchors random, --loss fkl_only|rkl_only, --no-replay. Single process (not under torchrun).",
+         "Ablations: --anchors random, --loss fkl_only|rkl_only, --no-replay. Runs under `torchrun` as DDP or FSDP2 "
+         "(--parallel): each rank rolls out its share of the step's prompts, rank 0 pushes (--from-traffic: single "
+         "process only).",
     config=DraftOPDConfig,
     run=lazy_run("specopd_trainer.algorithms.draft_opd.run:run"),
     recipe={},
     data="prompts",
     needs_push=True,
-    distributed=False,
     version_prefix="draftopd",
     flags={"warmup_steps": "--warmup"},
     adapt=lazy_adapt("specopd_trainer.algorithms.draft_opd.adapt:make_step"),

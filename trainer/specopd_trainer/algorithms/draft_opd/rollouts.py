@@ -76,10 +76,12 @@ def verify_records(trace: Sequence[dict], block_size: int,
 
 
 def live_source(client, prompts: Sequence[List[int]], *, block_size: int, rollout_prompts: int,
-                max_new_tokens: int, temperature: float, concurrency: int) -> RolloutSource:
+                max_new_tokens: int, temperature: float, concurrency: int,
+                share: Tuple[int, int] = (0, 1)) -> RolloutSource:
     """Per call: ``rollout_prompts`` prompts drawn with the step's generator, generated concurrently (at most
-    ``concurrency`` requests in flight) through the live server at ``temperature`` with traces. Raises ValueError
-    for an empty ``prompts``."""
+    ``concurrency`` requests in flight) through the live server at ``temperature`` with traces. ``share`` =
+    (rank, world): only the draws ``rank, rank + world, ...`` are rolled out (a rank's share under torchrun).
+    Raises ValueError for an empty ``prompts``."""
     from concurrent.futures import ThreadPoolExecutor
 
     if not prompts:
@@ -92,7 +94,7 @@ def live_source(client, prompts: Sequence[List[int]], *, block_size: int, rollou
         return TracedRollout(list(p) + list(out["output_ids"]), len(p), recs)
 
     def source(gen: torch.Generator) -> List[TracedRollout]:
-        idx = torch.randint(len(prompts), (rollout_prompts,), generator=gen).tolist()
+        idx = torch.randint(len(prompts), (rollout_prompts,), generator=gen).tolist()[share[0]::share[1]]
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
             return list(pool.map(one, [prompts[i] for i in idx]))
 

@@ -8,9 +8,10 @@ from specopd_trainer.algorithms.registry import AlgorithmError, RunReport, Train
 
 def run(ctx: TrainContext, cfg: DraftOPDConfig) -> RunReport:
     """Draft-OPD on ``ctx.prompts`` (token-id lists; unused with ``cfg.from_traffic``) in ``ctx.run_dir``
-    (resumes); pushes every ``cfg.push_every`` steps and at the end through ``ctx.push``. Raises ValueError without
-    ``ctx.push`` or under ``torchrun``, and :class:`AlgorithmError` when a step finds nothing to replay (a server
-    that does not speculate, no traffic, every record stale)."""
+    (resumes); pushes every ``cfg.push_every`` steps and at the end through ``ctx.push`` (rank 0 under ``torchrun``,
+    DDP or FSDP2 as ``cfg.parallel`` says). Raises ValueError without ``ctx.push``, :class:`AlgorithmError` when a step
+    finds nothing to replay (a server that does not speculate, no traffic, every record stale), and
+    :class:`ShardingRefusedError` for ``from_traffic`` under ``torchrun``."""
     from specopd_trainer.algorithms.draft_opd.loop import train_draft_opd
 
     if ctx.push is None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from specopd_trainer.algorithms import fields as f
 
@@ -19,3 +19,10 @@ class SequentialOPDConfig(f.TrainConfig):
     warmup_steps: int = f.warmup_steps(2)
     log_every: int = f.log_every(1)
     ckpt_every: int = f.ckpt_every(25)
+
+    @model_validator(mode="after")
+    def _single_process(self):
+        if self.parallel == "fsdp2":
+            raise ValueError("sequential OPD cannot run sharded (fsdp2): it pushes the drafter and rolls out through "
+                             "the server before every step, in a single process")
+        return self

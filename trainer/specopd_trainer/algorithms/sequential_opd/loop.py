@@ -12,7 +12,7 @@ from typing import List
 
 import torch
 
-from specopd_trainer.algorithms.registry import PushFn
+from specopd_trainer.algorithms.registry import PushFn, ShardingRefusedError
 from specopd_trainer.algorithms.sequential_opd.config import SequentialOPDConfig
 from specopd_trainer.algorithms.sequential_opd.rollouts import collect_rollouts, rollout_step
 from specopd_trainer.loops.common import dist_info
@@ -27,11 +27,13 @@ def train_sequential_opd(drafter, client, prompts: List[List[int]], run_dir: str
     acceptance traces, train on the recorded blocks (:func:`rollout_step`, E2E-TV); push once more at the end.
 
     Single process (the rollouts must come from the drafter rank 0 pushes). Returns the engine summary plus
-    ``supervised_tokens``, ``supervised_tokens_per_s``, ``start_step`` and ``pushed``.
+    ``supervised_tokens``, ``supervised_tokens_per_s``, ``start_step`` and ``pushed``. Raises
+    :class:`ShardingRefusedError` under ``torchrun`` and ValueError without prompts.
     """
     rank, world = dist_info()
     if world > 1:
-        raise ValueError("sequential OPD runs in a single process (its rollouts come from the pushed drafter)")
+        raise ShardingRefusedError("sequential OPD runs in a single process (its rollouts come from the pushed "
+                                   "drafter): not under torchrun")
     if not prompts:
         raise ValueError("no prompts")
     run_dir = Path(run_dir)

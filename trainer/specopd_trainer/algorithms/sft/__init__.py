@@ -14,7 +14,8 @@ ALGORITHM = register(Algorithm(
     name="sft",
     title="SFT",
     help="SFT on the target's own responses (loss ce_decay); the trained drafter is pushed hot at the end.\n\n"
-         "Runs under `torchrun` as DDP.",
+         "Runs under `torchrun` as DDP, or FSDP2 with --parallel fsdp2 (drafter sharded; the single-process "
+         "batch split across ranks).",
     config=SFTConfig,
     run=lazy_run("specopd_trainer.algorithms.sft.run:run"),
     recipe={},  # SFT runs on its config defaults

@@ -11,7 +11,8 @@ class SFTConfig(f.TrainConfig):
     """SFT hyper-parameters (strict: unknown keys rejected)."""
 
     steps: int = f.steps(1000)
-    seqs_per_step: int = Field(default=8, ge=1, description="Sequences per step (per rank).")
+    seqs_per_step: int = Field(default=8, ge=1, description="Sequences per step (per rank under ddp; under fsdp2 the "
+                                                                 "global batch, split across ranks).")
     anchors_per_seq: int = Field(default=16, ge=1, description="Anchors per sequence.")
     lr: float = f.lr(1e-3)
     warmup_steps: int = f.warmup_steps(30)

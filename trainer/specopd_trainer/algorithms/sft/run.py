@@ -8,7 +8,8 @@ from specopd_trainer.algorithms.sft.config import SFTConfig
 
 def run(ctx: TrainContext, cfg: SFTConfig) -> RunReport:
     """SFT of ``ctx.drafter`` on ``ctx.train`` (held-out greedy-walk tau on ``ctx.holdout``) in ``ctx.run_dir``
-    (resumes); rank 0 then pushes the drafter once when ``ctx.push`` is set. Runs under ``torchrun`` as DDP."""
+    (resumes); rank 0 then pushes the drafter once when ``ctx.push`` is set. Runs under ``torchrun`` as DDP or FSDP2
+    (``cfg.parallel``)."""
     from specopd_trainer.algorithms.sft.loop import train_sft
     from specopd_trainer.loops.common import dist_info
 

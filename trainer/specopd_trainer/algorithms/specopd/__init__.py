@@ -51,7 +51,8 @@ ALGORITHM = register(Algorithm(
     help="SpecOPD: K branches per anchor sampled from the drafter, scored by the server in ONE tree call per step.\n\n"
          "Loss from the loss registry (default: the validated recipe, E2E-KL with accepted-prefix weights); the "
          "drafter is pushed hot every --push-every steps and at the end. Runs under `torchrun` as DDP (each rank "
-         "samples its own sequences; rank 0 pushes).",
+         "samples its own sequences) or FSDP2 (--parallel fsdp2: drafter sharded, the step's sequences split "
+         "across ranks); rank 0 pushes.",
     config=SpecOPDConfig,
     run=lazy_run("specopd_trainer.algorithms.specopd.run:run"),
     recipe=RECIPE,

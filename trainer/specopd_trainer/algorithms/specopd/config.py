@@ -14,7 +14,8 @@ class SpecOPDConfig(f.TrainConfig):
     (``specopd train specopd``'s defaults, the main job) is the registry entry's ``recipe``."""
 
     steps: int = f.steps(200)
-    seqs_per_step: int = Field(default=2, ge=1, description="Reference sequences per step (per rank).")
+    seqs_per_step: int = Field(default=2, ge=1, description="Reference sequences per step (per rank under ddp; under "
+                                                             "fsdp2 the global batch, split across ranks).")
     anchors_per_seq: int = Field(default=32, ge=1, description="Branch anchors per sequence.")
     branches: int = Field(default=8, ge=1, description="Branches sampled from the drafter per anchor.")
     temperature: float = Field(default=1.0, gt=0, description="Branch sampling temperature (> 0).")

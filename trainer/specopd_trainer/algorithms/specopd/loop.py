@@ -3,9 +3,13 @@
 :func:`train_specopd` drives one scored batch per ``cfg.minibatches`` optimizer steps (:mod:`.batch`: drafter
 forward at anchors, K branches sampled from the drafter, ONE ``/specopd/score_trees`` call; :mod:`.loss`: the
 registry's tree loss) on :func:`specopd_trainer.loops.engine.run_training` (AdamW, warmup + cosine, atomic
-checkpoints, exact resume from the run directory). Under ``torchrun`` the step is wrapped in
-DistributedDataParallel (gloo on CPU): each rank samples its own sequences with its per-rank step generator and
-scores them with its own server call; the backward all-reduces; only rank 0 logs, checkpoints and pushes.
+checkpoints, exact resume from the run directory). Under ``torchrun`` (gloo for CPU tensors, nccl for CUDA ones) the step is
+wrapped as ``cfg.parallel`` says (:mod:`specopd_trainer.loops.parallel`): ``ddp``: each rank samples its own
+``seqs_per_step`` sequences with its per-rank step generator and scores them with its own server call, the backward
+all-reduces; ``fsdp2``: the drafter is sharded, every rank draws the single-process step's ``seqs_per_step``
+sequences (rank-0 step generator) and samples and scores its share (sequences ``rank, rank + world, ...``; branches
+from its per-rank generator), the backward reduce-scatters the averaged gradient, a push gathers the full drafter
+first. Only rank 0 logs, checkpoints and pushes.
 
 Metrics (one ``metrics.jsonl`` row per logged step, besides the engine's step/loss/lr/grad_norm/wall_s):
 ``est_tau``, ``alpha`` (per slot), ``step_supervised_tokens`` (this step, summed over ranks), the cumulative
@@ -20,12 +24,13 @@ from typing import List, Optional
 
 import torch
 
-from specopd_trainer.algorithms.registry import PushFn
+from specopd_trainer.algorithms.registry import PushFn, ShardingRefusedError
 from specopd_trainer.algorithms.specopd.batch import sample_and_score
 from specopd_trainer.algorithms.specopd.loss import minibatch_loss
-from specopd_trainer.loops.common import dist_info
+from specopd_trainer.loops.common import dist_info, step_generator
 from specopd_trainer.loops.counters import Counters, passthrough
 from specopd_trainer.loops.engine import run_training
+from specopd_trainer.loops.parallel import pushable, wrap
 
 
 def _reduce(loss: float, tau: float, alpha: List[float], tokens: int, world: int):
@@ -67,19 +72,20 @@ def train_specopd(drafter, client, train_seqs: List, run_dir: str | Path, cfg, *
             run) and once at the end (unless the last step was just pushed).
 
     Returns the engine summary plus ``supervised_tokens``, ``supervised_tokens_per_s`` (cumulative over the
-    run's resumes), ``start_step`` and ``pushed`` (the steps pushed by this call).
+    run's resumes), ``start_step`` and ``pushed`` (the steps pushed by this call). Raises ValueError without
+    sequences, :class:`ShardingRefusedError` under FSDP2 with fewer ``seqs_per_step`` than ranks.
     """
     if not train_seqs:
         raise ValueError("no training sequences")
     rank, world = dist_info()
+    sharded = world > 1 and cfg.parallel == "fsdp2"
+    if sharded and cfg.seqs_per_step < world:
+        raise ShardingRefusedError(f"SpecOPD with parallel=fsdp2 splits each step's sequences across ranks: "
+                                   f"seqs_per_step ({cfg.seqs_per_step}) must be at least the {world} ranks")
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    module = _SpecOPDStep(drafter, client, cfg)
-    if world > 1:
-        from torch.nn.parallel import DistributedDataParallel
-
-        # the target head's (non-persistent) buffers are loaded identically on every rank: no per-step broadcast
-        module = DistributedDataParallel(module, broadcast_buffers=False)
+    # DDP: the target head's (non-persistent) buffers are loaded identically on every rank: no per-step broadcast
+    module = wrap(_SpecOPDStep(drafter, client, cfg), cfg.parallel, world, broadcast_buffers=False)
     counters = Counters(run_dir, cfg.ckpt_every, rank, cfg.minibatches)
     pushed: List[int] = []
     batch_start = [None]  # the step whose generator sampled the scored batch in use
@@ -90,8 +96,9 @@ def train_specopd(drafter, client, train_seqs: List, run_dir: str | Path, cfg, *
         part = step - batch_start[0]
         seqs = []
         if part == 0:
-            picks = torch.randint(len(train_seqs), (cfg.seqs_per_step,), generator=gen).tolist()
-            seqs = [train_seqs[i] for i in picks]
+            pick_gen = step_generator(cfg.seed, step, 0) if sharded else gen
+            picks = torch.randint(len(train_seqs), (cfg.seqs_per_step,), generator=pick_gen).tolist()
+            seqs = [train_seqs[i] for i in (picks[rank::world] if sharded else picks)]
         loss, m = module(seqs, gen, part)
         loss.backward()
         value, tau = float(loss.item()), float(m["est_tau"])
@@ -104,9 +111,11 @@ def train_specopd(drafter, client, train_seqs: List, run_dir: str | Path, cfg, *
         return value, out
 
     def on_step(step: int, metrics: dict):
-        if rank == 0 and push is not None and cfg.push_every and step % cfg.push_every == 0:
-            push(step, drafter)
-            pushed.append(step)
+        if push is not None and cfg.push_every and step % cfg.push_every == 0:
+            view = pushable(drafter)  # FSDP2: every rank gathers, rank 0 gets the full drafter
+            if rank == 0:
+                push(step, view)
+                pushed.append(step)
 
     summary = run_training(drafter, step_fn, run_dir, steps=cfg.steps, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
                            min_lr_ratio=cfg.min_lr_ratio, grad_clip=cfg.grad_clip, seed=cfg.seed,

@@ -8,7 +8,8 @@ from specopd_trainer.algorithms.specopd.config import SpecOPDConfig
 
 def run(ctx: TrainContext, cfg: SpecOPDConfig) -> RunReport:
     """SpecOPD on ``ctx.train`` (the held-out sequences are not used) in ``ctx.run_dir`` (resumes); rank 0 pushes
-    every ``cfg.push_every`` steps and at the end when ``ctx.push`` is set. Runs under ``torchrun`` as DDP."""
+    every ``cfg.push_every`` steps and at the end when ``ctx.push`` is set. Runs under ``torchrun`` as DDP or FSDP2
+    (``cfg.parallel``)."""
     from specopd_trainer.algorithms.specopd.loop import train_specopd
     from specopd_trainer.loops.common import dist_info
 
