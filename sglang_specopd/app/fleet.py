@@ -57,7 +57,11 @@ class Fleet:
         from sglang_specopd.app.launch import check_port_free, free_port
         from sglang_specopd.app.serve import config_path, launch_spec
 
+        import importlib.util
+
         o = self.opts
+        if importlib.util.find_spec("sglang_router") is None:
+            raise FleetError("the router is not installed: pip install 'sglang-specopd[fleet]' (sglang-router==0.3.2)")
         check_no_live_fleet(self.run_dir)
         cfg = ServeConfig.load(config_path(o.config))
         self.config_name = cfg.name
