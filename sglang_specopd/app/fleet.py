@@ -23,6 +23,14 @@ from sglang_specopd.app.fleet_plan import (FleetError, FleetOptions, RouterSpec,
 from sglang_specopd.app.fleet_state import FleetState, ProcessRecord, Status, start_ticks, write_state
 
 
+#: what sglang-router 0.3.2 does to SGLang's request extensions (checked in tests/test_fleet_server.py)
+ROUTER_DROPS_NOTE = (
+    "note: sglang-router drops SGLang's custom_params from /generate and /v1/chat/completions requests (and "
+    "return_meta_info from chat): through the router, a request cannot opt out of the traffic spool with "
+    "custom_params.specopd_spool=false nor ask for a trace; /v1/completions keeps them, and the workers' own URLs "
+    "take them all (docs/fleet.md)")
+
+
 def connect_host(host: str) -> str:
     """The address the router and clients use for a server listening on ``host`` (a wildcard -> loopback)."""
     return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
@@ -70,6 +78,8 @@ class Fleet:
         self.specs = [launch_spec(cfg, host=o.host, port=p, api_key=o.api_key, admin_api_key=o.admin_api_key,
                                   drafter=o.drafter, extra_args=list(o.sglang_args)) for p in ports]
         self.cores = list(plan_cores(o.workers, available_cores())) if o.pin_cores else [None] * o.workers
+        if cfg.traffic_spool_mb > 0:
+            self.say(ROUTER_DROPS_NOTE)
         host = connect_host(o.host)
         self.router_spec = RouterSpec(
             worker_urls=tuple(f"http://{host}:{p}" for p in ports), host=o.host, port=o.port,
