@@ -26,11 +26,14 @@ ADMIN_KEY_ENV = "SPECOPD_ADMIN_KEY"
 
 
 def live_processes(state: FleetState) -> List[str]:
-    """``role pid`` of every process of ``state`` that still runs (the supervisor, or any process of a group)."""
-    out = [f"supervisor {state.supervisor.pid}"] if is_alive(state.supervisor) else []
+    """``role pid`` of every process of ``state`` that still runs: the supervisor, and each group with live processes
+    (``worker 0 pid 123: 3 processes``)."""
+    out = [f"supervisor pid {state.supervisor.pid}"] if is_alive(state.supervisor) else []
     for rec in ([state.router] if state.router else []) + list(state.workers):
         name = "router" if rec.role == "router" else f"worker {rec.index}"
-        out += [f"{name} {pid}" for pid in group_pids(rec)]
+        pids = group_pids(rec)
+        if pids:
+            out.append(f"{name} pid {rec.pid}: {len(pids)} process{'es' if len(pids) > 1 else ''}")
     return out
 
 
