@@ -18,8 +18,8 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Callable, List, Optional, Tuple
 
-from sglang_specopd.app.fleet_plan import (FleetError, FleetOptions, RouterSpec, available_cores, plan_cores,
-                                           worker_ports)
+from sglang_specopd.app.fleet_plan import (FleetError, FleetOptions, RouterSpec, available_cores, cpu_list,
+                                           plan_cores, worker_ports)
 from sglang_specopd.app.fleet_state import FleetState, ProcessRecord, Status, start_ticks, write_state
 
 
@@ -106,7 +106,7 @@ class Fleet:
                                      cpu_cores=list(self.cores[i]) if self.cores[i] else None)
                         for i, spec in enumerate(self.specs)]
         for i, w in enumerate(self.workers):
-            pinned = f", cores {','.join(map(str, self.cores[i]))}" if self.cores[i] else ""
+            pinned = f", cores {cpu_list(self.cores[i])}" if self.cores[i] else ""
             self.say(f"worker {i}: starting {w.url}{pinned}; log {w.log_path}")
         self._pool = ThreadPoolExecutor(max_workers=len(self.workers), thread_name_prefix="fleet-start")
         self._starts = [self._pool.submit(w.start, self.opts.timeout) for w in self.workers]

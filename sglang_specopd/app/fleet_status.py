@@ -18,7 +18,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Optional
 
-from sglang_specopd.app.fleet_plan import FleetError
+from sglang_specopd.app.fleet_plan import FleetError, cpu_list
 from sglang_specopd.app.fleet_state import ProcessRecord, group_pids, is_alive, read_state
 from sglang_specopd.wire.protocol import DRAFTER_INFO_PATH
 from sglang_specopd.wire.traffic import TRAFFIC_PATH
@@ -113,7 +113,7 @@ def status_lines(status: Dict[str, Any]) -> List[str]:
         s = w["spool"]
         spool = (f"spool {s['items']} items, {s['bytes']}/{s['budget_bytes']} bytes, {s['recorded']} recorded"
                  if s["state"] == "on" else f"spool {s['state']}" + (f" ({s['error']})" if s.get("error") else ""))
-        cores = f"  cores {','.join(map(str, w['cores']))}" if w["cores"] else ""
+        cores = f"  cores {cpu_list(w['cores'])}" if w["cores"] else ""
         lines.append(f"worker {w['index']} {w['url']}  pid {w['pid']}  {'healthy' if w['healthy'] else 'UNHEALTHY'}"
                      f"  {drafter}  {spool}{cores}")
     versions = status["drafter_versions"]
