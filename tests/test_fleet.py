@@ -189,6 +189,21 @@ def test_status_and_stop_without_a_fleet_fail_in_one_line(tmp_path: Path) -> Non
         assert res.exit_code == 2 and "error: no fleet in" in res.output, res.output
 
 
+@pytest.mark.parametrize("detach", [False, True])
+def test_start_refuses_bad_input_in_one_line_before_starting_anything(tmp_path: Path, detach: bool) -> None:
+    from typer.testing import CliRunner
+
+    from sglang_specopd.app.cli import _register_subcommands, app
+
+    _register_subcommands()
+    base = ["fleet", "start", "--run-dir", str(tmp_path), "--workers", "2"] + (["--detach"] if detach else [])
+    res = CliRunner().invoke(app, base + ["--config", str(tmp_path / "missing.yaml")])
+    assert res.exit_code == 2 and "error: server config not found" in res.output, res.output
+    res = CliRunner().invoke(app, base + ["--config", "cpu-smollm2", "--port", "31000", "--worker-base-port", "30999"])
+    assert res.exit_code == 2 and "also a worker's port" in res.output, res.output
+    assert not (tmp_path / "fleet.json").exists()
+
+
 def test_status_of_a_fleet_that_does_not_answer(tmp_path: Path) -> None:
     from sglang_specopd.app.fleet_status import fleet_status, status_lines
     from sglang_specopd.app.launch import free_port

@@ -58,6 +58,7 @@ def start(
         from sglang_specopd.app.fleet_control import start_detached
 
         try:
+            Fleet(opts, say=lambda line: typer.echo(line, err=True)).prepare()  # bad input: one line, here
             state = start_detached(opts)
         except (FleetError, ConfigError, ServeError) as exc:
             typer.echo(f"error: {exc}", err=True)
