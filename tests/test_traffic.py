@@ -210,6 +210,14 @@ def test_record_finished_spools_finished_requests_once(fresh_spool) -> None:
         {"anchor": 2, "proposed": [1, 2, 3], "accepted": 1, "drafter_version": "initial"}]
 
 
+def test_health_check_generations_are_never_spooled(fresh_spool) -> None:
+    """SGLang's /health runs a one-token generation (rid HEALTH_CHECK_...); a router health-checks every worker so."""
+    from types import SimpleNamespace as NS
+
+    health, user = NS(**vars(_req(None)), rid="HEALTH_CHECK_0a1b"), NS(**vars(_req(None)), rid="HEALTH-user")
+    assert record_finished([health, user]) == 1 and traffic.spool().stats()["recorded"] == 1
+
+
 def test_record_finished_is_a_no_op_when_recording_is_off(monkeypatch) -> None:
     monkeypatch.delenv(SPOOL_BYTES_ENV, raising=False)
     monkeypatch.setattr(traffic, "_SPOOL", None)

@@ -6,13 +6,13 @@ and trainer-only hosts stay fast and never load SGLang unless a subcommand needs
 
 from __future__ import annotations
 
-from sglang_specopd.app.cli_apps import app, drafter_app, models_app  # noqa: F401  (re-exported)
+from sglang_specopd.app.cli_apps import app, drafter_app, fleet_app, models_app  # noqa: F401  (re-exported)
 
 
 def _register_subcommands() -> None:
     # Each module adds its commands to the apps above; the modules import nothing heavy at import time.
-    from sglang_specopd.app import (cli_adapt, cli_bench, cli_demo, cli_drafter, cli_eval, cli_models,  # noqa: F401
-                                    cli_serve, cli_train)
+    from sglang_specopd.app import (cli_adapt, cli_bench, cli_demo, cli_drafter, cli_eval, cli_fleet,  # noqa: F401
+                                    cli_models, cli_serve, cli_train)
 
 
 def main() -> None:

@@ -176,8 +176,11 @@ class SGLangServer:
     handler is installed) are stopped too.
     """
 
-    def __init__(self, spec: LaunchSpec, log_path: Optional[str | Path] = None):
+    def __init__(self, spec: LaunchSpec, log_path: Optional[str | Path] = None,
+                 cpu_cores: Optional[List[int]] = None):
         self.spec = spec
+        #: CPU cores the server's processes are pinned to (``specopd fleet start --pin-cores``); None: not pinned
+        self.cpu_cores = sorted(set(cpu_cores)) if cpu_cores else None
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="sglang-", suffix=".log")[1])
         self.proc: Optional[subprocess.Popen] = None
         self.time_to_healthy_s: Optional[float] = None
@@ -203,8 +206,15 @@ class SGLangServer:
 
         env.update(policy_env(self.spec.speculative_policy))
         self.tmpdir = make_private_tmpdir(env)
+        argv = self.spec.argv()
+        if self.cpu_cores:
+            from sglang_specopd.app.fleet_plan import cpu_list, pinned_argv
+
+            argv = pinned_argv(argv, self.cpu_cores)
+            if self.spec.device == "cpu":  # SGLang's CPU engine binds its OpenMP threads itself (AMX / arm64 builds)
+                env["SGLANG_CPU_OMP_THREADS_BIND"] = cpu_list(self.cpu_cores)
         try:
-            self.proc = subprocess.Popen(self.spec.argv(), env=env, stdout=log,
+            self.proc = subprocess.Popen(argv, env=env, stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         except BaseException:
             remove_tree(self.tmpdir)

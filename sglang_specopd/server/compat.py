@@ -235,7 +235,10 @@ SYMBOLS: Tuple[Symbol, ...] = (
     _s("SamplingParams", "sglang.srt.sampling.sampling_params", "SamplingParams", R, attrs=("custom_params",),
        used_by="traces"),
     _s("Req", "sglang.srt.managers.schedule_batch", "Req", R, used_by=("traces", "traffic"),
-       attrs=("sampling_params", "finished", "finished_reason", "origin_input_ids", "output_ids_through_stop")),
+       attrs=("sampling_params", "finished", "finished_reason", "origin_input_ids", "output_ids_through_stop", "rid")),
+    # /health and /health_generate run a one-token generation under this rid prefix (a router health-checks every
+    # worker that way): never live traffic
+    _s("HEALTH_CHECK_RID_PREFIX", "sglang.srt.constants", "HEALTH_CHECK_RID_PREFIX", R, used_by="traffic"),
     # --- HTTP routes (routes.py) ---
     _s("http_server.app", _HTTP, "app", Kind.ROUTE, attrs=("add_api_route", "routes"),
        used_by=("routes", "goodput_control")),

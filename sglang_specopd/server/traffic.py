@@ -16,6 +16,8 @@ byte-bounded ring beside the spool, keyed by ``seq``, and read with op ``traffic
 
 A request sent with ``custom_params: {"specopd_spool": false}`` is never kept (measurement requests, or users who
 did not agree to their traffic being used for training); any other value of that key is refused with HTTP 400.
+Nor is SGLang's own health-check generation (``GET /health``, ``/health_generate``: rid ``HEALTH_CHECK_...``), which
+a router in front of the server (``specopd fleet``) sends every worker periodically.
 
 Why in the scheduler: it holds the exact prompt ids (``origin_input_ids``) and served output ids
 (``output_ids_through_stop``), and the records of requests that did not ask for a trace never leave it (they are
@@ -70,6 +72,14 @@ def opted_out(req: Any) -> bool:
     requests of held-out prompts, or users who did not agree to training on their traffic."""
     params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
     return isinstance(params, dict) and params.get(SPOOL_PARAM) is False
+
+
+def health_check(req: Any) -> bool:
+    """True for SGLang's health-check generation (``/health``, ``/health_generate``): not traffic to learn from."""
+    from sglang_specopd.server import compat
+
+    rid = getattr(req, "rid", None)
+    return isinstance(rid, str) and rid.startswith(compat.get("HEALTH_CHECK_RID_PREFIX"))
 
 
 def spool_budget_bytes(environ: Optional[Mapping[str, str]] = None) -> int:
@@ -232,7 +242,7 @@ def record_finished(reqs: Sequence[Any]) -> int:
         setattr(req, _RECORDED_ATTR, True)
         trace = take_all(req)
         reason = req.finished_reason.to_json() if req.finished_reason is not None else {}
-        if reason.get("type") not in ("stop", "length") or opted_out(req):
+        if reason.get("type") not in ("stop", "length") or opted_out(req) or health_check(req):
             discard(req)
             continue
         prompt = list(req.origin_input_ids)
