@@ -64,6 +64,22 @@ def specopd_args(url: str, run: Path, steps: int, data: str = "dialogue,math", *
             # with 64 root anchors), so that the supervised-token bounds below hold
             "--loss", "e2e_tv", "--root-anchors", "0", *extra]
 
+def torchrun_train(args: list) -> "subprocess.CompletedProcess[str]":
+    """``specopd train ARGS`` under ``torchrun --standalone --nproc_per_node 2`` (one OpenMP thread per rank, no
+    key from the environment); asserts it exited 0 on 2 ranks without a traceback."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("SPECOPD_ADMIN_KEY", "SPECOPD_API_KEY")}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "sglang_specopd.app.cli", "train", *args], env={**env, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 rank(s)" in proc.stderr and "Traceback" not in proc.stderr
+    return proc
+
+
 
 @pytest.mark.server
 def test_specopd_pushes_resumes_and_saves(server, tmp_path: Path) -> None:
@@ -198,19 +214,10 @@ def test_bad_input_fails_cleanly(server, tmp_path: Path) -> None:
 def test_specopd_ddp_two_gloo_ranks(server, tmp_path: Path) -> None:
     """``torchrun --nproc_per_node 2``: rank 0 prepares the data first, both ranks train (their supervised tokens
     are summed in the log), only rank 0 logs, checkpoints and pushes."""
-    import os
-    import subprocess
-    import sys
-
     run = tmp_path / "ddp"
     swaps0 = info(server.url)["swaps"]
     args = specopd_args(server.url, run, 2, "dialogue")
-    env = {k: v for k, v in os.environ.items() if k not in ("SPECOPD_ADMIN_KEY", "SPECOPD_API_KEY")}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "-m", "sglang_specopd.app.cli", "train", *args], env={**env, "OMP_NUM_THREADS": "1"},
-                          capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "2 rank(s)" in proc.stderr and "Traceback" not in proc.stderr
+    proc = torchrun_train(args)
     got = rows(run)
     assert [r["step"] for r in got] == [1, 2]
     # each rank supervises at most SEQS*ANCHORS*BRANCHES*G tokens: more than that means both ranks were summed
@@ -226,21 +233,12 @@ def test_specopd_fsdp2_two_gloo_ranks_then_one_process(server, tmp_path: Path) -
     """``torchrun --nproc_per_node 2 ... --parallel fsdp2``: the step's SEQS sequences are split across the ranks (the
     single-process batch, so at most its supervised tokens), rank 0 pushes the gathered drafter once and saves it;
     the run then resumes in ONE process from the FSDP2 checkpoint (full tensors) for a third step."""
-    import os
-    import subprocess
-    import sys
-
     from specopd_trainer.drafters.dflash import DFlashDrafter
 
     run = tmp_path / "fsdp2"
     swaps0 = info(server.url)["swaps"]
     args = specopd_args(server.url, run, 2, "dialogue", "--parallel", "fsdp2")
-    env = {k: v for k, v in os.environ.items() if k not in ("SPECOPD_ADMIN_KEY", "SPECOPD_API_KEY")}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "-m", "sglang_specopd.app.cli", "train", *args], env={**env, "OMP_NUM_THREADS": "1"},
-                          capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "2 rank(s)" in proc.stderr and "Traceback" not in proc.stderr
+    proc = torchrun_train(args)
     got = rows(run)
     assert [r["step"] for r in got] == [1, 2]
     assert all(0 < r["step_supervised_tokens"] <= SEQS * ANCHORS * BRANCHES * (TINY_BLOCK_SIZE - 1) for r in got)

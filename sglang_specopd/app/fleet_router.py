@@ -8,14 +8,13 @@ registered healthy workers; :meth:`RouterProcess.start` waits until all the flee
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 from pathlib import Path
 from typing import Optional
 
 from sglang_specopd.app.fleet_plan import FleetError, RouterSpec, router_argv
-from sglang_specopd.app.launch_cleanup import make_private_tmpdir, remove_tree, session_pids
+from sglang_specopd.app.launch_cleanup import make_private_tmpdir, remove_tree, stop_process_group
 
 READINESS_PATH = "/readiness"
 
@@ -92,24 +91,7 @@ class RouterProcess:
     def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM the router's process group, SIGKILL after ``timeout`` s; remove its TMPDIR."""
         if self.proc is not None:
-            pgid = self.proc.pid
-            for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
-                try:
-                    os.killpg(pgid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    self.proc.wait(timeout=wait)
-                except subprocess.TimeoutExpired:
-                    continue
-                try:
-                    os.killpg(pgid, signal.SIGKILL)  # nothing of the group outlives the router
-                except ProcessLookupError:
-                    pass
-                break
-            deadline = time.monotonic() + 10.0
-            while session_pids(pgid) and time.monotonic() < deadline:
-                time.sleep(0.1)
+            stop_process_group(self.proc, timeout)
             self.proc = None
         remove_tree(self.tmpdir)
         self.tmpdir = None

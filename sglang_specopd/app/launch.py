@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from sglang_specopd.app.launch_cleanup import (make_private_tmpdir, remove_shm_files, remove_tree, session_pids,
-                                               shm_refs_of_session)
+from sglang_specopd.app.launch_cleanup import (make_private_tmpdir, remove_shm_files, remove_tree,
+                                               shm_refs_of_session, stop_process_group)
 
 
 class ServeError(RuntimeError):
@@ -138,13 +138,6 @@ class LaunchSpec:
 
 
 _LIVE: "set[SGLangServer]" = set()
-
-
-def _wait_group_gone(sid: int, timeout: float = 10.0) -> None:
-    """Wait (up to ``timeout`` s) until no process of session/group ``sid`` is left (SIGKILLed ones being reaped)."""
-    deadline = time.monotonic() + timeout
-    while session_pids(sid) and time.monotonic() < deadline:
-        time.sleep(0.1)
 
 
 def _stop_all_live() -> None:
@@ -274,24 +267,8 @@ class SGLangServer:
         """
         if self.proc is None:
             return
-        pgid = self.proc.pid
         self.record_shm_refs()
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(timeout=wait)
-            except subprocess.TimeoutExpired:
-                continue
-            # The launcher is gone; make sure no child (scheduler, detokenizer) outlives it.
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            break
-        _wait_group_gone(pgid)  # SIGKILLed children being reaped still hold their files
+        stop_process_group(self.proc, timeout)
         self.proc = None
         _LIVE.discard(self)
         remove_shm_files(self.shm_refs)

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import getpass
 import os
+import signal
+import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Dict, Iterable, List, Set, Tuple
 
@@ -154,3 +157,27 @@ def remove_tree(path: str | os.PathLike[str] | None) -> None:
     p = Path(path)
     if p.name.startswith(TMPDIR_PREFIX):
         shutil.rmtree(p, ignore_errors=True)
+
+
+def stop_process_group(proc: "subprocess.Popen[bytes]", timeout: float = 20.0) -> None:
+    """SIGTERM the process group led by ``proc`` (started with ``start_new_session``), SIGKILL it after ``timeout`` s,
+    and once the leader has exited SIGKILL what is left of the group (no child outlives it); then wait up to 10 s
+    until no process of the group is left (SIGKILLed ones being reaped still hold their files). Idempotent."""
+    pgid = proc.pid
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        break
+    deadline = time.monotonic() + 10.0
+    while session_pids(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
