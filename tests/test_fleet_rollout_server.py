@@ -108,13 +108,17 @@ def test_a_refused_stage_aborts_on_both(fleet, tiny_drafter: Path, tmp_path) -> 
     (bad_dir / "model.safetensors").symlink_to(tiny_drafter / "model.safetensors")
     bad = DrafterUpdate.from_path(bad_dir, "fleet-bad")
     before = [info(u)["version"] for u in urls]
-    factory = {urls[1]: lambda u: InvalidDrafterWorker(u, bad)}
+    # The refusing worker is the one staged second (the lowest URL is staged first, alone: the fleet's lock), so
+    # the good one has a staged copy to drop. Ports are random: which of the two is lower differs between runs.
+    good, refusing = min(urls), max(urls)
+    factory = {refusing: lambda u: InvalidDrafterWorker(u, bad)}
     with rollout(urls, worker_factory=lambda u: factory.get(u, lambda u: WorkerAdmin(
             u, admin_api_key=TINY_ADMIN_KEY, retries=0))(u)) as ro:
         report = ro.rollout(v1)
-    assert not report.committed and report.workers[0].stage.ok and report.workers[1].stage.status == 400
-    assert "block_size" in report.refused[0][1] and report.refused[0][0] == urls[1]
-    assert report.workers[0].abort.reply["aborted"] is True  # the good worker's staged copy was dropped
+    by_url = {w.url: w for w in report.workers}
+    assert not report.committed and by_url[good].stage.ok and by_url[refusing].stage.status == 400
+    assert "block_size" in report.refused[0][1] and report.refused[0][0] == refusing
+    assert by_url[good].abort.reply["aborted"] is True  # the good worker's staged copy was dropped
     assert [info(u)["version"] for u in urls] == before and all(info(u)["staged"] is None for u in urls)
     assert [w.serving for w in report.workers] == before
 
