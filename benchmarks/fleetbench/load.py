@@ -55,8 +55,6 @@ class VersionLoad:
                                                       "ignore_eos": True}}
 
     async def _loop(self, client, label: str, url: str) -> None:
-        import httpx
-
         while not self._stop.is_set():
             body, t0 = self._body(), self.clock()
             s: Dict[str, Any] = {"target": label, "t_send": t0, "ok": False, "status": None, "error": None,
@@ -70,7 +68,7 @@ class VersionLoad:
                              completion_tokens=int(meta.get("completion_tokens") or 0))
                 else:
                     s["error"] = f"HTTP {r.status_code}: {r.text[:200]}"
-            except (httpx.HTTPError, OSError, ValueError) as exc:
+            except Exception as exc:  # noqa: BLE001 - any failure is a failed sample, never a dead loop
                 s["error"] = f"{type(exc).__name__}: {exc}"[:300]
             s["t_end"] = self.clock()
             self.samples.append(s)
