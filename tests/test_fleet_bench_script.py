@@ -270,3 +270,50 @@ def test_bad_options_are_refused_before_anything_starts(monkeypatch, capsys) -> 
     with pytest.raises(ValueError):
         FLEET.pick_cores("0,5", 2, [0, 1])
     assert FLEET.pick_cores("", 2, [3, 1, 2]) == [1, 2]
+
+
+def test_version_load_records_versions_and_failures_per_target() -> None:
+    import httpx
+
+    from fleetbench import load as L
+
+    sent = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        sent.append((request.url.host, body["input_ids"], body["sampling_params"]))
+        if request.url.host == "down":
+            return httpx.Response(502, text="bad gateway")
+        return httpx.Response(200, json={"meta_info": {"specopd_drafter_versions": ["v1"], "completion_tokens": 8}})
+
+    with L.VersionLoad([("router", "http://up/", 2), ("direct:down", "http://down", 1), ("off", "http://x", 0)],
+                       [[1, 2], [3]], 8, transport=httpx.MockTransport(handler)) as load:
+        import time
+
+        time.sleep(0.3)
+    ok = [s for s in load.samples if s["target"] == "router"]
+    bad = [s for s in load.samples if s["target"] == "direct:down"]
+    assert ok and all(s["ok"] and s["versions"] == ["v1"] and s["completion_tokens"] == 8 for s in ok)
+    assert all(s["t_send"] <= s["t_end"] for s in load.samples) and load.t_start <= load.t_stop
+    assert 1 <= len(bad) <= 2 and not bad[0]["ok"] and bad[0]["status"] == 502  # paused after a failure
+    assert {h for h, _, _ in sent} == {"up", "down"}  # a target with no loops gets nothing
+    assert {tuple(ids) for _, ids, _ in sent} == {(1, 2), (3,)}
+    assert sent[0][2] == {"temperature": 0.0, "max_new_tokens": 8, "ignore_eos": True}
+
+
+def test_timed_worker_runs_its_one_shot_hook_inside_the_timed_call() -> None:
+    import threading
+
+    from fleetbench.load import TimedWorker
+    from specopd_trainer.fleet_worker import Step
+
+    events, order = [], []
+    clock = iter(range(100)).__next__
+    w = TimedWorker("http://w0/", events=events, lock=threading.Lock(), clock=clock, admin_api_key="k")
+    w.before["commit"] = lambda url: order.append(("hook", url))
+    got = w._timed("commit", lambda: order.append("call") or Step(False, error="refused", status=None))
+    w._timed("commit", lambda: Step(True))
+    w.close()
+    assert not got.ok and order == [("hook", "http://w0"), "call"] and w.before == {}  # ran once
+    assert [(e["op"], e["t0"], e["t1"], e["ok"], e["error"]) for e in events] == [
+        ("commit", 0, 1, False, "refused"), ("commit", 2, 3, True, None)]

@@ -35,13 +35,13 @@ class VersionLoad:
 
     def __init__(self, targets: Sequence[Tuple[str, str, int]], prompts: Sequence[Sequence[int]],
                  max_new_tokens: int, *, timeout_s: float = 300.0, headers: Optional[Mapping[str, str]] = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, transport: Any = None):
         if not prompts:
             raise ValueError("VersionLoad needs at least one prompt")
         self.targets = [(label, url.rstrip("/"), int(n)) for label, url, n in targets if n > 0]
         self.prompts = [list(p) for p in prompts]
         self.max_new_tokens, self.timeout_s = int(max_new_tokens), float(timeout_s)
-        self.headers, self.clock = dict(headers or {}), clock
+        self.headers, self.clock, self.transport = dict(headers or {}), clock, transport  # transport: tests
         self.samples: List[Dict[str, Any]] = []
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -72,8 +72,7 @@ class VersionLoad:
                 s["error"] = f"{type(exc).__name__}: {exc}"[:300]
             s["t_end"] = self.clock()
             self.samples.append(s)
-            if not s["ok"]:
-                await asyncio.sleep(ERROR_PAUSE_S)
+            await asyncio.sleep(0 if s["ok"] else ERROR_PAUSE_S)  # let the other loops run
 
     async def _main(self) -> None:
         import httpx
@@ -81,7 +80,7 @@ class VersionLoad:
         n = sum(t[2] for t in self.targets)
         limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
         async with httpx.AsyncClient(headers=self.headers, timeout=httpx.Timeout(self.timeout_s, connect=10.0),
-                                     limits=limits) as client:
+                                     limits=limits, transport=self.transport) as client:
             await asyncio.gather(*(self._loop(client, label, url) for label, url, k in self.targets
                                    for _ in range(k)))
 
