@@ -5,8 +5,9 @@ Checked: ``/generate`` and ``/v1/chat/completions`` through the router answer wi
 reach both workers (round robin); ``fleet status`` shows both healthy on one drafter version with their spools; a
 :class:`~specopd_trainer.fleet_rollout.FleetRollout` over the workers moves both to a new version, which status and
 the router's responses show; ``specopd adapt --fleet-run-dir`` reads both workers' spools with a cursor each,
-resumes them, and puts its drafter back on both workers with one rollout; ``fleet stop`` leaves no process (pids, the environment tag) and none of the workers'
-``/dev/shm`` files, sockets or TMPDIRs, and a second stop changes nothing. One fleet for the whole module.
+resumes them, and puts its drafter back on both workers with one rollout; ``fleet stop`` leaves no process (pids,
+the environment tag) and none of the workers' ``/dev/shm`` files, sockets or TMPDIRs, and a second stop changes
+nothing. One fleet for the whole module.
 """
 
 from __future__ import annotations
