@@ -75,7 +75,8 @@ class FakeSession:
     """Stands in for :class:`sglang_specopd.app.train_session._Session` (no server)."""
 
     def __init__(self, server, api_key, admin_key, init, target, *, need_push, say):
-        self.url, self.init, self.target, self.client = server, "INIT", "TARGET", object()
+        self.url = self.where = server
+        self.init, self.target, self.client = "INIT", "TARGET", object()
         self.push_enabled = admin_key is not None
         SEEN["need_push"] = need_push
 
@@ -168,7 +169,7 @@ def test_specopd_command_defaults_are_the_validated_recipe(monkeypatch) -> None:
 
 @pytest.mark.parametrize("args, needle", [
     (["train", "dummy-algo", "--server", "http://fake", "--scale", "-1"], "bad option --scale: Input should be greater than 0"),
-    (["train", "dummy-algo"], "Missing option '--server'"),
+    (["train", "dummy-algo"], "name the server(s) once: --server URL"),
     (["train", "dummy-algo", "--server", "http://fake", "--steps", "many"], "'--steps'"),
     (["train", "dummy-algo", "--server", "http://fake", "--mode", "c"], "'--mode'"),
     (["train", "no-such-algo"], "No such command 'no-such-algo'"),

@@ -4,8 +4,10 @@ each pinned to its own core) behind sglang-router, started with the console scri
 Checked: ``/generate`` and ``/v1/chat/completions`` through the router answer with the SPECOPD ``meta_info`` and
 reach both workers (round robin); ``fleet status`` shows both healthy on one drafter version with their spools; a
 :class:`~specopd_trainer.fleet_rollout.FleetRollout` over the workers moves both to a new version, which status and
-the router's responses show; ``fleet stop`` leaves no process (pids, the environment tag) and none of the workers'
-``/dev/shm`` files, sockets or TMPDIRs, and a second stop changes nothing. One fleet for the whole module.
+the router's responses show; ``specopd adapt --fleet-run-dir`` reads both workers' spools with a cursor each,
+resumes them, and puts its drafter back on both workers with one rollout; ``fleet stop`` leaves no process (pids,
+the environment tag) and none of the workers' ``/dev/shm`` files, sockets or TMPDIRs, and a second stop changes
+nothing. One fleet for the whole module.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def fleet(tiny_serving_target: Path, tiny_drafter: Path, tmp_path_factory):
         "name": "tiny-fleet", "target": str(tiny_serving_target), "drafter": str(tiny_drafter),
         "speculative_algorithm": "SPECOPD", "block_size": 4, "device": "cpu", "dtype": "float32",
         "attention_backend": "torch_native", "max_total_tokens": 4096, "disable_cuda_graph": True,
-        "disable_overlap_schedule": True, "sleep_on_idle": True, "traffic_spool_mb": 0.01}))
+        "disable_overlap_schedule": True, "sleep_on_idle": True, "traffic_spool_mb": 1, "traffic_features_mb": 2}))
     tag = new_process_tag()
     env = {**os.environ, TEST_TAG_ENV: tag, "SPECOPD_ADMIN_KEY": ADMIN}
     fl = {"run_dir": tmp / "run", "env": env, "tag": tag, "config": config}
@@ -187,6 +189,53 @@ def test_a_fleet_rollout_moves_both_workers(fleet, tiny_drafter: Path, tmp_path)
     assert st["ok"] and st["drafter_versions"] == ["fleet-v1"], st
     url = fleet["state"].router_url
     assert [generate(url)["meta_info"]["specopd_drafter_versions"] for _ in range(N_WORKERS)] == [["fleet-v1"]] * 2
+
+
+def adapt(fleet, run_dir: Path, steps: int) -> dict:
+    """``specopd adapt --fleet-run-dir`` (the workers and the router from fleet.json) for ``steps`` steps."""
+    summary = run_dir.parent / f"summary-{steps}.json"
+    res = subprocess.run([specopd_exe(), "adapt", "--fleet-run-dir", str(fleet["run_dir"]), "--run-dir", str(run_dir),
+                          "--max-steps", str(steps), "--holdout-every", "3", "--min-train-tokens", "32",
+                          "--ckpt-every", "1", "--poll-s", "0.2", "--no-progress", "--summary-json", str(summary),
+                          "--set", "seqs_per_step=2", "--set", "anchors_per_seq=8"], env=fleet["env"],
+                         capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    return json.loads(summary.read_text())
+
+
+def test_adapt_reads_both_spools_and_pushes_to_the_fleet_as_one_transaction(fleet, tiny_drafter: Path,
+                                                                           tmp_path) -> None:
+    """Traffic through the router reaches both spools; ``specopd adapt --fleet-run-dir`` trains on both with a
+    cursor per worker; the fleet is moved under it; the resumed run reads on from both cursors and, finding the
+    fleet on another version, puts its deployed drafter back with one FleetRollout: committed on both workers."""
+    state, router = fleet["state"], fleet["state"].router_url
+    urls = state.worker_urls
+    for i in range(12):  # round robin: 6 requests per worker, recorded in its spool with captured features
+        body = {"input_ids": [10 + i, 20 + 2 * i, 30, 40 + i, 7, 8],
+                "sampling_params": {"temperature": 0.0, "max_new_tokens": 16, "ignore_eos": True}}
+        r = httpx.post(router + "/generate", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+    t0 = time.monotonic()
+    first = adapt(fleet, tmp_path / "run", 2)
+    serving = first["deployed"][0]["version"]
+    assert first["step"] == 2 and first["pushes"] == 0
+    by_worker = first["reader"]["by_worker"]
+    assert set(by_worker) == set(urls) and all(n >= 6 for n in by_worker.values()), by_worker
+    assert set(first["cursors"]) == set(urls) and first["features"]["served"] >= 12
+    with FleetRollout(urls, admin_api_key=ADMIN, retries=0, ttl_s=60) as ro:  # someone moves the fleet
+        assert ro.rollout(DrafterUpdate.from_path(tiny_drafter, "fleet-v2")).ok
+    for i in range(2):  # one more request per worker, after the first run's cursors
+        generate(router)
+    second = adapt(fleet, tmp_path / "run", 4)
+    print(f"two adapt runs against the fleet in {time.monotonic() - t0:.1f} s")
+    assert second["step"] == 4 and second["deployed"][-1]["version"] == f"{serving}-restored"
+    assert second["deployed"][-1]["why"] == "restored: the server served 'fleet-v2'"
+    assert {u: c["after"] for u, c in second["cursors"].items()} == {
+        u: c["after"] + 1 for u, c in first["cursors"].items()}  # each worker's cursor went on by its one request
+    assert second["reader"]["items"] == first["reader"]["items"] + 2
+    assert second["buffers"]["train"]["duplicates"] == second["buffers"]["holdout"]["duplicates"] == 0
+    st = status(fleet)
+    assert st["drafter_versions"] == [f"{serving}-restored"], st  # committed on both workers
 
 
 def test_stop_leaves_nothing_and_a_second_stop_changes_nothing(fleet) -> None:

@@ -1,11 +1,12 @@
 """``specopd adapt``: keep training the drafter on the traffic a running SPECOPD server serves, deploying only what
 measures better (:mod:`specopd_trainer.adapt`).
 
-The command's options are the server session's (server, keys, drafter, target; as ``specopd train``), ``--run-dir``,
-``--set KEY=VALUE`` (the algorithm's config fields), ``--summary-json`` and one option per field of
-:class:`specopd_trainer.adapt.config.AdaptConfig` (``--field-name``, help from the field's description), built from
-the model so that the CLI and the config cannot drift apart. The server needs ``traffic_spool_mb > 0`` in its config
-(and ``traffic_features_mb > 0`` to hand over features captured while serving) and an admin key.
+The command's options are the server session's (one server, or a fleet's workers; keys, drafter, target; as
+``specopd train``), ``--run-dir``, ``--set KEY=VALUE`` (the algorithm's config fields), ``--summary-json`` and one
+option per field of :class:`specopd_trainer.adapt.config.AdaptConfig` (``--field-name``, help from the field's
+description), built from the model so that the CLI and the config cannot drift apart. The server (every worker) needs
+``traffic_spool_mb > 0`` in its config (and ``traffic_features_mb > 0`` to hand over features captured while
+serving) and an admin key.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from typing import Any, Dict, List, Optional
 import typer
 
 from sglang_specopd.app.cli_apps import app
-from sglang_specopd.app.train_options import (_config, _guarded, _o_admin_key, _o_api_key, _o_init, _o_server,
-                                               _o_target, _TrainFail)
+from sglang_specopd.app.train_options import (SERVER_NAMES, _config, _guarded, _o_admin_key, _o_api_key, _o_init,
+                                               _o_target, _TrainFail, server_parameters)
 
-_SESSION = ("server", "admin_key", "api_key", "init", "target", "run_dir", "set_", "summary_json", "progress")
+_SESSION = (*SERVER_NAMES, "admin_key", "api_key", "init", "target", "run_dir", "set_", "summary_json", "progress")
 _HIDDEN = ("algorithm_options",)
 
 
@@ -64,7 +65,7 @@ def _field_parameters() -> List[inspect.Parameter]:
 
 def _session_parameters() -> List[inspect.Parameter]:
     kw = inspect.Parameter.KEYWORD_ONLY
-    opts = [("server", str, _o_server()), ("admin_key", Optional[str], _o_admin_key()),
+    opts = [("admin_key", Optional[str], _o_admin_key()),
             ("api_key", Optional[str], _o_api_key()), ("init", Optional[Path], _o_init()),
             ("target", Optional[str], _o_target()),
             ("run_dir", Path, typer.Option(Path("runs/adapt"), "--run-dir", help="Traffic buffers, checkpoints, "
@@ -74,37 +75,31 @@ def _session_parameters() -> List[inspect.Parameter]:
             ("summary_json", Optional[Path], typer.Option(None, "--summary-json", help="Write the run's summary "
                                                           "there as JSON when it stops.")),
             ("progress", bool, typer.Option(True, "--progress/--no-progress", help="The progress line."))]
-    return [inspect.Parameter(n, kw, annotation=t, default=o) for n, t, o in opts]
+    return server_parameters() + [inspect.Parameter(n, kw, annotation=t, default=o) for n, t, o in opts]
 
 
-def run_adapt(*, server: str, admin_key: Optional[str], api_key: Optional[str], init: Optional[Path],
+def run_adapt(*, server: Optional[str], admin_key: Optional[str], api_key: Optional[str], init: Optional[Path],
               target: Optional[str], run_dir: Path, set_: List[str], summary_json: Optional[Path], progress: bool,
+              workers: Optional[str] = None, router: Optional[str] = None, fleet_run_dir: Optional[Path] = None,
               **fields) -> Dict[str, Any]:
     """The body of ``specopd adapt``; returns the run's summary. Raises :class:`_TrainFail` on bad options, a server
-    without a spool or admin key, or a drafter the server would refuse."""
-    from sglang_specopd.app.train_session import _Session
+    without a spool or admin key, a drafter the server would refuse, or a fleet whose workers serve different
+    targets or drafters (``--workers`` / ``--fleet-run-dir``: :mod:`sglang_specopd.app.fleet_session`)."""
+    from sglang_specopd.app.fleet_session import open_session, resolve_endpoints
     from specopd_trainer.adapt.config import AdaptConfig
     from specopd_trainer.adapt.loop import AdaptError, Adapter
-    from specopd_trainer.client import ServerRequestError
-    from specopd_trainer.pipeline import push_drafter
 
     cfg = _config(AdaptConfig, {}, {**fields, "algorithm_options": _parse_sets(set_)})
+    ends = resolve_endpoints(server, workers, router, fleet_run_dir)
     say = lambda msg: typer.echo(msg, err=True)  # noqa: E731
     if not admin_key:
         raise _TrainFail("specopd adapt reads the server's traffic and pushes drafters: pass --admin-key (or "
                          "SPECOPD_ADMIN_KEY) with the server's --admin-api-key")
-    sess = _Session(server, api_key, admin_key, init, target, need_push=True, say=say)
-    try:
-        sess.client.traffic_page(0, None, 1)
-    except ServerRequestError as exc:
-        raise _TrainFail(f"cannot read the server's traffic (HTTP {exc.status}: {exc.reason})", 1) from None
+    sess = open_session(ends, api_key, admin_key, init, target, need_push=True, say=say)
+    sess.check_traffic()
     drafter = sess.load_drafter()
-
-    def push(d, version: str) -> None:
-        push_drafter(sess.url, d, version, admin_key)
-
     try:
-        adapter = Adapter(sess.client, drafter, run_dir, cfg, push=push, serving_version=sess.serving_version,
+        adapter = Adapter(sess.client, drafter, run_dir, cfg, push=sess.push, serving_version=sess.serving_version,
                           progress=progress)
     except AdaptError as exc:
         raise _TrainFail(str(exc)) from None
@@ -115,7 +110,7 @@ def run_adapt(*, server: str, admin_key: Optional[str], api_key: Optional[str], 
             raise _TrainFail(f"bad --set for {cfg.algorithm}: {exc.errors()[0].get('msg')}") from None
         raise
     say(f"adapting {drafter.drafter_arch.name} drafter {sess.init} with {cfg.algorithm} on the traffic of "
-        f"{sess.url}: every {cfg.holdout_every}th request held out; run dir {run_dir}")
+        f"{sess.where}: every {cfg.holdout_every}th request held out; run dir {run_dir}")
     result = adapter.run()
     out = drafter.save_pretrained(run_dir / "drafter-candidate", overwrite=True)
     adapter.deployed.save_pretrained(run_dir / "drafter-deployed", overwrite=True)
@@ -124,7 +119,8 @@ def run_adapt(*, server: str, admin_key: Optional[str], api_key: Optional[str], 
         summary_json.parent.mkdir(parents=True, exist_ok=True)
         summary_json.write_text(json.dumps(result, indent=1) + "\n")
     say(f"stopped ({result['stopped_by']}) at step {result['step']}: {result['pushes']} pushes, "
-        f"{result['rollbacks']} rollbacks; the server serves {result['deployed_version']!r}; "
+        f"{result['rollbacks']} rollbacks; the {'fleet' if ends.is_fleet else 'server'} serves "
+        f"{result['deployed_version']!r}; "
         f"deployed drafter saved to {run_dir / 'drafter-deployed'}")
     return result
 

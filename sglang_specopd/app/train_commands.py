@@ -26,12 +26,12 @@ except ImportError:  # pragma: no cover - older Typer on the real click
     from click import UsageError
 
 from sglang_specopd.app.train_options import (
-    _config, _guarded, _o_admin_key, _o_api_key, _o_data, _o_init, _o_max_new_tokens, _o_per_domain, _o_progress,
-    _o_run_dir, _o_server, _o_target, _o_version_prefix, _sayer, _TrainFail)
+    SERVER_NAMES, _config, _guarded, _o_admin_key, _o_api_key, _o_data, _o_init, _o_max_new_tokens, _o_per_domain,
+    _o_progress, _o_run_dir, _o_target, _o_version_prefix, _sayer, _TrainFail, server_parameters)
 
 # the shared options every algorithm command has (name -> option factory); data-size options depend on the data
-_SHARED = ("server", "admin_key", "api_key", "init", "target", "data", "run_dir", "per_domain", "max_new_tokens",
-           "max_prompt_tokens", "version_prefix", "progress")
+_SHARED = (*SERVER_NAMES, "admin_key", "api_key", "init", "target", "data", "run_dir", "per_domain",
+           "max_new_tokens", "max_prompt_tokens", "version_prefix", "progress")
 _OPTION_TYPES = (int, float, str, bool)
 
 
@@ -126,7 +126,7 @@ def _short_help(description: str) -> str:
 
 def _shared_parameters(alg) -> List[inspect.Parameter]:
     kw = inspect.Parameter.KEYWORD_ONLY
-    opts = [("server", str, _o_server()), ("admin_key", Optional[str], _o_admin_key()),
+    opts = [("admin_key", Optional[str], _o_admin_key()),
             ("api_key", Optional[str], _o_api_key()), ("init", Optional[Path], _o_init()),
             ("target", Optional[str], _o_target()), ("data", str, _o_data()), ("run_dir", Path, _o_run_dir(alg.name)),
             ("per_domain", int, _o_per_domain())]
@@ -136,7 +136,7 @@ def _shared_parameters(alg) -> List[inspect.Parameter]:
         opts.append(("max_prompt_tokens", int, typer.Option(1024, "--max-prompt-tokens", min=1,
                                                             help="Skip longer prompts.")))
     opts += [("version_prefix", Optional[str], _o_version_prefix()), ("progress", bool, _o_progress())]
-    return [inspect.Parameter(n, kw, annotation=t, default=o) for n, t, o in opts]
+    return server_parameters() + [inspect.Parameter(n, kw, annotation=t, default=o) for n, t, o in opts]
 
 
 def algorithm_command(alg):
@@ -162,25 +162,28 @@ def algorithm_command(alg):
     return get_command_from_info(info, pretty_exceptions_short=True, rich_markup_mode=DEFAULT_MARKUP_MODE)
 
 
-def run_algorithm(alg, *, options: Dict[str, Any], server: str, admin_key: Optional[str], api_key: Optional[str],
-                  init: Optional[Path], target: Optional[str], data: str, run_dir: Path, per_domain: int,
-                  version_prefix: Optional[str], progress: bool, max_new_tokens: Optional[int] = None,
-                  max_prompt_tokens: Optional[int] = None) -> None:
+def run_algorithm(alg, *, options: Dict[str, Any], server: Optional[str], admin_key: Optional[str],
+                  api_key: Optional[str], init: Optional[Path], target: Optional[str], data: str, run_dir: Path,
+                  per_domain: int, version_prefix: Optional[str], progress: bool, max_new_tokens: Optional[int] = None,
+                  max_prompt_tokens: Optional[int] = None, workers: Optional[str] = None, router: Optional[str] = None,
+                  fleet_run_dir: Optional[Path] = None) -> None:
     """The body of ``specopd train <alg.name>``: config from ``options`` (config field -> value), server session,
     run-config check (resume), drafter, data (sequences or prompts as the algorithm declares), ``alg.run``, then on
     rank 0 the saved drafter and the summary table. Raises :class:`_TrainFail` on bad options or data."""
+    from sglang_specopd.app.fleet_session import open_session, resolve_endpoints
     from sglang_specopd.app.train_data import _check_run_config, _load_prompts, _load_sequences, _parse_domains, _record
-    from sglang_specopd.app.train_session import _finish, _Session
+    from sglang_specopd.app.train_session import _finish
     from specopd_trainer.algorithms.registry import TrainContext
     from specopd_trainer.loops.common import dist_info
 
     cfg = _config(alg.make_config, {n: alg.flag(n) for n in alg.config.model_fields}, options)
     _parse_domains(data)  # fail on a bad --data before touching the server
+    ends = resolve_endpoints(server, workers, router, fleet_run_dir)
     rank, world = dist_info()
     if world > 1 and not alg.distributed:
         raise _TrainFail(f"{alg.name} runs in a single process (not under torchrun)")
     say = _sayer(rank)
-    sess = _Session(server, api_key, admin_key, init, target, need_push=alg.needs_push, say=say)
+    sess = open_session(ends, api_key, admin_key, init, target, need_push=alg.needs_push, say=say)
     data_opts = ({"per_domain": per_domain, "max_new_tokens": max_new_tokens} if alg.data == "sequences" else
                  {"per_domain": per_domain, "max_prompt_tokens": max_prompt_tokens})
     resuming = _check_run_config(run_dir, _record(alg.name, cfg, data, data_opts), rank)

@@ -54,7 +54,38 @@ def _describe(error: dict, flags: Mapping[str, str]) -> str:
 
 
 def _o_server():
-    return typer.Option(..., "--server", help="URL of a running SPECOPD server (`specopd serve ...`).")
+    return typer.Option(None, "--server", help="URL of a running SPECOPD server (`specopd serve ...`); for a fleet "
+                                               "pass --workers or --fleet-run-dir instead.")
+
+
+def _o_workers():
+    return typer.Option(None, "--workers", help="A fleet: the SPECOPD workers' URLs, comma-separated (score_trees, "
+                                                "spools and pushes go to them; docs/fleet.md).")
+
+
+def _o_router():
+    return typer.Option(None, "--router", help="With --workers: the fleet's sglang-router URL (generation goes "
+                                               "through it).")
+
+
+def _o_fleet_run_dir():
+    return typer.Option(None, "--fleet-run-dir", help="A fleet started by `specopd fleet start`: its run directory "
+                                                      "(fleet.json gives the workers and the router).")
+
+
+SERVER_NAMES = ("server", "workers", "router", "fleet_run_dir")
+
+
+def server_parameters() -> list:
+    """The command parameters naming the server(s), in :data:`SERVER_NAMES` order (one server or a fleet:
+    :func:`sglang_specopd.app.fleet_session.resolve_endpoints`)."""
+    import inspect
+    from typing import Optional
+
+    kw = inspect.Parameter.KEYWORD_ONLY
+    return [inspect.Parameter(name, kw, annotation=Optional[Path] if name == "fleet_run_dir" else Optional[str],
+                              default=factory())
+            for name, factory in zip(SERVER_NAMES, (_o_server, _o_workers, _o_router, _o_fleet_run_dir))]
 
 
 def _o_admin_key():

@@ -21,7 +21,7 @@ class _Session:
         from sglang_specopd.wire.protocol import DRAFTER_INFO_PATH
         from specopd_trainer.client import ServerRequestError, ServerUnavailableError, SpecOPDClient
 
-        self.url = server.rstrip("/")
+        self.url = self.where = server.rstrip("/")
         self.api_key = api_key
         self.admin_key = admin_key or None
         probe = SpecOPDClient(self.url, api_key=api_key, retries=1, backoff_s=0.5, timeout=60)
@@ -36,7 +36,8 @@ class _Session:
         except ServerRequestError as exc:
             if exc.status == 404:
                 raise _TrainFail(f"{self.url} is not a sglang-specopd server (GET {DRAFTER_INFO_PATH}: HTTP 404); "
-                                 "start one with `specopd serve`", 1) from None
+                                 "start one with `specopd serve` (a fleet's router: pass --fleet-run-dir DIR, or "
+                                 "--workers URL,URL --router URL)", 1) from None
             if exc.status in (401, 403):
                 raise _TrainFail(f"the server refused the API key (HTTP {exc.status}: {exc.reason}); pass its "
                                  "--api-key as --api-key or SPECOPD_API_KEY", 1) from None
@@ -126,20 +127,23 @@ class _Session:
         return drafter
 
     def _check_push(self) -> None:
-        """Is the admin key accepted? An empty swap body passes authentication and is then refused (400)
+        self._check_push_at(self.url)
+
+    def _check_push_at(self, url: str) -> None:
+        """Is the admin key accepted at ``url``? An empty swap body passes authentication and is then refused (400)
         without touching the serving drafter; 401/403 mean the key (or the server's admin key) is wrong."""
         import httpx
 
         from sglang_specopd.wire.protocol import SWAP_DRAFTER_PATH
 
         if not self.info.get("has_drafter", False):
-            raise _TrainFail(f"the server at {self.url} serves no drafter, so nothing can be pushed into it; start "
+            raise _TrainFail(f"the server at {url} serves no drafter, so nothing can be pushed into it; start "
                              "it with a SPECOPD drafter", 1)
         try:
-            r = httpx.post(self.url + SWAP_DRAFTER_PATH, content=b"", timeout=60,
+            r = httpx.post(url + SWAP_DRAFTER_PATH, content=b"", timeout=60,
                            headers={"Authorization": f"Bearer {self.admin_key}"})
         except httpx.HTTPError as exc:
-            raise _TrainFail(f"cannot reach the server at {self.url}: {exc}", 1) from None
+            raise _TrainFail(f"cannot reach the server at {url}: {exc}", 1) from None
         if r.status_code in (401, 403):
             raise _TrainFail(f"push refused: the server rejected the admin key (HTTP {r.status_code}: "
                              f"{r.text.strip()[:200]}); pass its --admin-api-key as --admin-key or "
@@ -162,14 +166,28 @@ class _Session:
 
         return str(self.client._request("GET", DRAFTER_INFO_PATH).json().get("version"))
 
+    def push(self, drafter, version: str) -> None:
+        """Hot-swap ``drafter`` into the server under ``version``; raises ServerRequestError when refused."""
+        from specopd_trainer.pipeline import push_drafter
+
+        push_drafter(self.url, drafter, version, self.admin_key)
+
+    def check_traffic(self) -> None:
+        """Can the admin read the server's traffic spool? Raises _TrainFail (exit 1) with the reason otherwise."""
+        from specopd_trainer.client import ServerRequestError
+
+        try:
+            self.client.traffic_page(0, None, 1)
+        except ServerRequestError as exc:
+            raise _TrainFail(f"cannot read the server's traffic (HTTP {exc.status}: {exc.reason})", 1) from None
+
     def pusher(self, prefix: str, versions: List[str]):
         from specopd_trainer.client import ServerRequestError
-        from specopd_trainer.pipeline import push_drafter
 
         def push(step: int, drafter) -> None:
             version = f"{prefix}-step{step}"
             try:
-                push_drafter(self.url, drafter, version, self.admin_key)
+                self.push(drafter, version)
             except ServerRequestError as exc:
                 raise _TrainFail(f"push refused: the server kept serving its old drafter ({exc}); the training "
                                  "state is checkpointed, rerun the same command to resume", 1) from None
@@ -199,4 +217,4 @@ def _finish(sess: _Session, drafter, run_dir: Path, method: str, rows: List[tupl
     Console().print(table)
     typer.echo(f"drafter saved to {out} (SGLang-loadable: specopd serve ... --drafter {out})")
     if sess.push_enabled:
-        typer.echo(f"the server at {sess.url} now serves drafter version {sess.serving_version()!r}")
+        typer.echo(f"the server at {sess.where} now serves drafter version {sess.serving_version()!r}")

@@ -6,8 +6,9 @@
   (:func:`sglang_specopd.wire.strict_json.loads`: nesting depth, NaN / Infinity, duplicate keys) before the
   scheduler sees it; a safetensors body is checked in the scheduler (:mod:`sglang_specopd.server.hot_swap`);
 * ``GET /specopd/drafter`` (normal auth: any API-key holder) gives names and versions only: ``version``, ``swaps``,
-  ``has_drafter``, ``arch``, ``spec`` and ``name`` (the start-up checkpoint directory's name), never a server
-  filesystem path (issue 41);
+  ``has_drafter``, ``arch``, ``spec``, ``name`` (the start-up checkpoint directory's name) and ``target`` (the
+  served target's fingerprint and dtype, :mod:`sglang_specopd.server.target_identity`), never a server filesystem
+  path (issue 41);
 * ``GET /specopd/drafter/admin`` (admin key, SGLang's ADMIN_FORCE level) adds ``path``: the start-up checkpoint's
   directory on the server, what a trainer starts from when it is given no ``--init``.
 """

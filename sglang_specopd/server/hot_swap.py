@@ -281,14 +281,16 @@ def swap_drafter_op(scheduler, payload: bytes):
 
 @op("drafter_info")
 def drafter_info_op(scheduler, payload: bytes):
-    """Scheduler op: the serving drafter's version, swap count, path, spec and the staged rollout transaction
-    (``staged``: ``{"txn", "version", "expires_in_s"}`` or null)."""
+    """Scheduler op: the serving drafter's version, swap count, path, spec, the staged rollout transaction
+    (``staged``: ``{"txn", "version", "expires_in_s"}`` or null) and the served target's identity (``target``:
+    :func:`~sglang_specopd.server.target_identity.target_identity`)."""
+    from sglang_specopd.server.target_identity import target_identity
     from sglang_specopd.wire.drafter_archs import arch_for_spec, spec_as_dict
 
     worker = getattr(scheduler, "draft_worker", None)
     staged = drafter_txn.current()
     info = {"version": _STATE["version"], "swaps": _STATE["swaps"], "has_drafter": worker is not None,
-            "staged": staged.info() if staged is not None else None}
+            "staged": staged.info() if staged is not None else None, "target": target_identity(scheduler)}
     if worker is not None and hasattr(worker, "draft_model"):
         info["path"] = scheduler.server_args.speculative_draft_model_path
         spec = _serving_spec(scheduler)

@@ -16,7 +16,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Sequence as Seq, Tuple
+from typing import Dict, List, Optional, Sequence as Seq, Tuple
 
 import torch
 
@@ -27,10 +27,12 @@ from specopd_trainer.features import Sequence
 @dataclass(frozen=True)
 class TrafficSequence(Sequence):
     """A served request as training data: ``id`` is its key, ``domain`` ``"traffic"``; ``records``: its verify
-    records as served; ``served_by``: the drafter versions that proposed for it."""
+    records as served; ``served_by``: the drafter versions that proposed for it; ``worker``: the fleet worker that
+    served it (None: the one server)."""
 
     records: Tuple[dict, ...] = ()
     served_by: Tuple[str, ...] = ()
+    worker: Optional[str] = None
 
     @property
     def nbytes(self) -> int:
@@ -70,7 +72,8 @@ class TrafficBuffer:
                 meta = json.loads(fh.metadata()["sequences"])
                 seqs = [TrafficSequence(id=m["key"], domain="traffic", token_ids=fh.get_tensor(f"ids.{i}").long(),
                                         features=fh.get_tensor(f"feat.{i}"), prompt_len=int(m["prompt_len"]),
-                                        records=tuple(m["records"]), served_by=tuple(m["served_by"]))
+                                        records=tuple(m["records"]), served_by=tuple(m["served_by"]),
+                                        worker=m.get("worker"))
                         for i, m in enumerate(meta)]
             self._shards.append((name, seqs))
         kept = {name for name, _ in self._shards} | {"index.json"}
@@ -122,7 +125,7 @@ class TrafficBuffer:
             tensors[f"ids.{i}"] = s.token_ids.to(torch.int32).contiguous()
             tensors[f"feat.{i}"] = s.features.contiguous()
             meta.append({"key": s.id, "prompt_len": s.prompt_len, "records": list(s.records),
-                         "served_by": list(s.served_by)})
+                         "served_by": list(s.served_by), **({"worker": s.worker} if s.worker else {})})
         tmp = self.root / f".{name}.tmp"
         save_file(tensors, str(tmp), metadata={"sequences": json.dumps(meta)})
         os.replace(tmp, self.root / name)

@@ -95,7 +95,7 @@ class FeatureSource:
         return out
 
     def _served(self, items: List[ServedItem], spool_id: str) -> Dict[str, Tuple[int, torch.Tensor]]:
-        from specopd_trainer.client import ServerRequestError
+        from specopd_trainer.client import ServerRequestError, ServerUnavailableError
 
         if self._server_captures is False:
             return {}
@@ -105,6 +105,8 @@ class FeatureSource:
             part = wanted[i:i + MAX_SEQS_PER_CALL]
             try:
                 rows, _missing = self.client.traffic_features([it.seq for it in part], spool_id)
+            except ServerUnavailableError:  # a fleet worker dropped out since it was read: the second pass
+                return got  # (score_trees on the workers still up) gives these items their features
             except ServerRequestError as exc:
                 if exc.status in (404, 409):  # capture off / the spool restarted: nothing served to take
                     if exc.status == 404:
@@ -126,8 +128,13 @@ class FeatureSource:
         server that does not capture, and the client's errors."""
         if not items:
             return {}
-        spool_id = items[0].key.rsplit(":", 1)[0]
-        served = self._served(items, spool_id) if self.mode != "score" else {}
+        served: Dict[str, Tuple[int, torch.Tensor]] = {}
+        if self.mode != "score":
+            by_spool: Dict[str, List[ServedItem]] = {}  # a fleet's items come from several workers' spools
+            for it in items:
+                by_spool.setdefault(it.key.rsplit(":", 1)[0], []).append(it)
+            for spool_id, part in by_spool.items():
+                served.update(self._served(part, spool_id))
         out: Dict[str, torch.Tensor] = {}
         rest: List[ServedItem] = []
         for it in items:

@@ -33,7 +33,8 @@ from specopd_trainer.adapt.buffer import TrafficBuffer, TrafficSequence
 from specopd_trainer.adapt.config import AdaptConfig
 from specopd_trainer.adapt.features import FeatureSource
 from specopd_trainer.adapt.guard import Verdict, compare, walk_rows, worse
-from specopd_trainer.adapt.reader import ServedItem, TrafficReader
+from specopd_trainer.adapt.fleet_reader import reader_for
+from specopd_trainer.adapt.reader import ServedItem
 from specopd_trainer.adapt.report import StatusPrinter, status_line, summary
 from specopd_trainer.adapt.state import AdaptState
 from specopd_trainer.algorithms.registry import NothingToTrain
@@ -77,11 +78,12 @@ class Adapter:
         self.deployed = copy.deepcopy(drafter)  # the drafter the server serves (weights), for the guard's walks
         self.anchor = copy.deepcopy(drafter).requires_grad_(False)  # the run's start drafter (retention term)
         self.previous: Optional[Dict[str, torch.Tensor]] = None  # the one before it (rollback)
+        self._fresh = False
         self._resume()
         self.features.counts.update({k: int(v) for k, v in self.state.features.items()})
-        self.reader = TrafficReader(client, self.state.cursor, self.state.reader, holdout_every=cfg.holdout_every,
-                                    vocab_size=int(drafter.spec.vocab_size), max_items=cfg.read_items,
-                                    max_item_tokens=cfg.max_item_tokens)
+        self.reader = reader_for(client, self.state, cfg, int(drafter.spec.vocab_size))  # a fleet: one per worker
+        if self._fresh and cfg.start_at == "newest":  # a new run skips what the spool(s) hold now
+            self.reader.skip_to_newest()
         self._train_view: List[TrafficSequence] = self.train_buf.sequences
         ctx = AdaptContext(drafter=drafter, client=client, train=_View(self), fresh_versions=self.fresh_versions,
                            anchor=self.anchor, retain=cfg.retain)
@@ -98,11 +100,7 @@ class Adapter:
         if ckpt is None:
             version = self._serving_version() or "initial"
             self.state.deployed.append({"version": version, "step": 0, "t_s": 0.0, "why": "serving at start"})
-            if self.cfg.start_at == "newest":  # skip what the spool holds now
-                page = self.client.traffic_page(0, None, 1)
-                stats = page.get("stats") if isinstance(page.get("stats"), dict) else {}
-                if isinstance(page.get("spool_id"), str) and isinstance(stats.get("newest_seq"), int):
-                    self.state.cursor.spool_id, self.state.cursor.after = page["spool_id"], stats["newest_seq"]
+            self._fresh = True
             return
         saved = load_checkpoint(ckpt)
         self.drafter.load_state_dict(saved["drafter"])
@@ -153,7 +151,7 @@ class Adapter:
         for it in items:
             seq = TrafficSequence(id=it.key, domain="traffic", token_ids=torch.tensor(it.input_ids, dtype=torch.long),
                                   features=feats[it.key], prompt_len=it.prompt_len, records=tuple(it.trace),
-                                  served_by=tuple(it.versions))
+                                  served_by=tuple(it.versions), worker=it.worker)
             (hold if it.held_out else train).append(seq)
             self.state.traffic_tokens_seen += len(it.input_ids)
         self.state.traffic_tokens_trained += sum(len(s.token_ids) - s.prompt_len for s in train)

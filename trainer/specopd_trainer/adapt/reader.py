@@ -34,8 +34,8 @@ class Cursor:
 @dataclass(frozen=True)
 class ServedItem:
     """One valid served request: its key (``<spool_id>:<seq>``), ids (prompt + served output), prompt length, verify
-    records (dicts as served), the drafter versions that proposed for it, the captured-features span (or None), and
-    whether it is held out."""
+    records (dicts as served), the drafter versions that proposed for it, the captured-features span (or None),
+    whether it is held out, when it finished (Unix s) and the worker that served it (None: the one server)."""
 
     key: str
     seq: int
@@ -44,6 +44,8 @@ class ServedItem:
     trace: List[dict]
     features: Optional[Dict[str, int]]
     held_out: bool
+    finished_at: float = 0.0
+    worker: Optional[str] = None
 
     @property
     def versions(self) -> List[str]:
@@ -64,6 +66,8 @@ class ReaderCounts:
     bad_pages: int = 0
     missed: int = 0  # evicted from the spool before this reader got them (the server's count)
     spool_restarts: int = 0  # the server's spool id changed (a restart): reading starts again at its first item
+    unavailable: int = 0  # fleet: reads skipped because a worker did not answer (its cursor stayed)
+    by_worker: Dict[str, int] = field(default_factory=dict)  # fleet: valid items read per worker
 
     def bad(self, reason: str) -> None:
         self.bad_items[reason] = self.bad_items.get(reason, 0) + 1
@@ -144,8 +148,16 @@ class TrafficReader:
             held = seq % self.holdout_every == 0
             out.append(ServedItem(key=f"{spool_id}:{seq}", seq=seq, input_ids=[int(t) for t in raw["input_ids"]],
                                   prompt_len=int(raw["prompt_len"]), trace=list(raw["trace"]),
-                                  features=raw.get("features"), held_out=held))
+                                  features=raw.get("features"), held_out=held,
+                                  finished_at=float(raw["finished_at"])))
             self.counts.items += 1
             self.counts.held_out += int(held)
         self.cursor.spool_id, self.cursor.after = spool_id, nxt
         return out
+
+    def skip_to_newest(self) -> None:
+        """Move the cursor past everything the spool holds now (a new run's ``start_at: newest``)."""
+        page = self.client.traffic_page(0, None, 1)
+        stats = page.get("stats") if isinstance(page.get("stats"), dict) else {}
+        if isinstance(page.get("spool_id"), str) and isinstance(stats.get("newest_seq"), int):
+            self.cursor.spool_id, self.cursor.after = page["spool_id"], stats["newest_seq"]

@@ -17,13 +17,15 @@ from specopd_trainer.adapt.reader import Cursor, ReaderCounts
 
 @dataclass
 class AdaptState:
-    """Everything but tensors. ``deployed``: versions the adapter put into the server, in order
+    """Everything but tensors. ``cursor``: where the next spool read starts (one server); ``cursors``: the same per
+    worker URL (a fleet). ``deployed``: versions the adapter put into the server, in order
     ``{"version", "step", "t_s", "why"}`` (the first is the server's own at start); ``verdicts``: the last few
     comparisons (:class:`specopd_trainer.adapt.guard.Verdict` dicts with ``step`` and ``kind``)."""
 
     step: int = 0
     wall_s: float = 0.0
     cursor: Cursor = field(default_factory=Cursor)
+    cursors: Dict[str, Cursor] = field(default_factory=dict)  # a fleet: one cursor per worker URL
     reader: ReaderCounts = field(default_factory=ReaderCounts)
     features: Dict[str, int] = field(default_factory=dict)
     deployed: List[Dict[str, Any]] = field(default_factory=list)
@@ -51,11 +53,13 @@ class AdaptState:
     def as_dict(self) -> Dict[str, Any]:
         out = asdict(self)
         out["cursor"], out["reader"] = self.cursor.as_dict(), asdict(self.reader)
+        out["cursors"] = {url: c.as_dict() for url, c in self.cursors.items()}
         return out
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "AdaptState":
         d = dict(d)
         cursor, reader = Cursor(**d.pop("cursor")), ReaderCounts(**d.pop("reader"))
+        cursors = {url: Cursor(**c) for url, c in (d.pop("cursors", None) or {}).items()}
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
-        return cls(cursor=cursor, reader=reader, **known)
+        return cls(cursor=cursor, cursors=cursors, reader=reader, **known)

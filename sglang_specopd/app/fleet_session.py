@@ -1,0 +1,158 @@
+"""Where ``specopd train`` and ``specopd adapt`` find their server(s): one server (``--server``), or a fleet of
+workers (``--workers URL,URL [--router URL]`` or ``--fleet-run-dir DIR``, the run directory of ``specopd fleet
+start``), and the fleet's session (:class:`FleetSession`, the fleet's counterpart of
+:class:`~sglang_specopd.app.train_session._Session`).
+
+Against a fleet the trainer's client is a :class:`specopd_trainer.fleet_client.FleetClient`: generation through the
+router (when there is one), ``score_trees`` spread over the workers with affinity by reference, every worker's
+spool read with its own cursor, pushes as one :class:`~specopd_trainer.fleet_rollout.FleetRollout` transaction
+(:class:`specopd_trainer.fleet_push.FleetPusher`). Before anything else every worker is asked what it serves: a
+fleet whose workers serve different targets or drafters is refused (exit 1), as is one with a worker down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Tuple
+
+from sglang_specopd.app.train_options import ADMIN_KEY_ENV, _TrainFail
+from sglang_specopd.app.train_session import _Session
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """One server (``server``) or a fleet (``workers``, optional ``router``)."""
+
+    server: Optional[str] = None
+    workers: Tuple[str, ...] = ()
+    router: Optional[str] = None
+
+    @property
+    def is_fleet(self) -> bool:
+        return bool(self.workers)
+
+
+def _url(value: str, flag: str) -> str:
+    value = value.strip().rstrip("/")
+    if not value.startswith(("http://", "https://")) or len(value) <= len("https://"):
+        raise _TrainFail(f"bad option {flag}: {value!r} is not an http(s) URL")
+    return value
+
+
+def resolve_endpoints(server: Optional[str], workers: Optional[str], router: Optional[str],
+                      fleet_run_dir: Optional[Path]) -> Endpoints:
+    """The servers the options name. Exactly one of ``--server``, ``--workers``, ``--fleet-run-dir``; ``--router``
+    goes with ``--workers`` (with ``--fleet-run-dir`` it replaces the state file's router). Raises _TrainFail (exit
+    2) otherwise, or (exit 1) for a fleet run directory without a ready fleet."""
+    given = [flag for flag, v in (("--server", server), ("--workers", workers), ("--fleet-run-dir", fleet_run_dir))
+             if v]
+    if len(given) != 1:
+        raise _TrainFail("name the server(s) once: --server URL (one server), --workers URL,URL [--router URL] (a "
+                         "fleet) or --fleet-run-dir DIR (a fleet started by `specopd fleet start`)"
+                         + (f"; got {' and '.join(given)}" if given else ""))
+    if server:
+        if router:
+            raise _TrainFail("--router goes with --workers or --fleet-run-dir (the router does not forward "
+                             "/specopd/*, so the trainer needs the workers' URLs too)")
+        return Endpoints(server=_url(server, "--server"))
+    if workers:
+        urls = tuple(dict.fromkeys(_url(u, "--workers") for u in workers.split(",") if u.strip()))
+        if not urls:
+            raise _TrainFail("bad option --workers: no URL")
+        return Endpoints(workers=urls, router=_url(router, "--router") if router else None)
+    from sglang_specopd.app.fleet_plan import FleetError
+    from sglang_specopd.app.fleet_state import read_state
+
+    try:
+        state = read_state(fleet_run_dir)
+    except FleetError as exc:
+        raise _TrainFail(str(exc), 1) from None
+    if state is None:
+        raise _TrainFail(f"no fleet in {fleet_run_dir} (no fleet.json): start one with `specopd fleet start`", 1)
+    if state.status != "ready" or not state.worker_urls:
+        raise _TrainFail(f"the fleet in {fleet_run_dir} is {state.status}, not ready (`specopd fleet status`)", 1)
+    return Endpoints(workers=tuple(state.worker_urls),
+                     router=_url(router, "--router") if router else state.router_url)
+
+
+def open_session(ends: Endpoints, api_key: Optional[str], admin_key: Optional[str], init: Optional[Path],
+                 target: Optional[str], *, need_push: bool, say: Callable[[str], None]) -> _Session:
+    """The session for ``ends``: :class:`_Session` for one server, :class:`FleetSession` for a fleet."""
+    from sglang_specopd.app import train_session  # looked up now: tests stand a fake _Session in
+
+    if ends.is_fleet:
+        return FleetSession(ends, api_key, admin_key, init, target, need_push=need_push, say=say)
+    return train_session._Session(ends.server, api_key, admin_key, init, target, need_push=need_push, say=say)
+
+
+class FleetSession(_Session):
+    """A :class:`_Session` over a fleet: ``client`` is a FleetClient, ``push`` a FleetRollout transaction, ``info``
+    the first worker's drafter info once every worker was checked to serve the same target and drafter."""
+
+    def __init__(self, ends: Endpoints, api_key: Optional[str], admin_key: Optional[str], init: Optional[Path],
+                 target: Optional[str], *, need_push: bool, say: Callable[[str], None]):
+        from specopd_trainer.client import ServerRequestError, ServerUnavailableError
+        from specopd_trainer.fleet_check import FleetMismatchError
+        from specopd_trainer.fleet_client import FleetClient
+
+        self.workers, self.router = list(ends.workers), ends.router
+        self.url = self.workers[0]  # asked for its model_info and (admin) its start-up drafter's path
+        self.where = f"fleet of {len(self.workers)} worker(s) " + (f"behind {self.router}" if self.router else
+                                                                   f"({', '.join(self.workers)})")
+        self.api_key, self.admin_key = api_key, admin_key or None
+        self.client = FleetClient(self.workers, router=self.router, api_key=api_key, admin_api_key=self.admin_key)
+        try:
+            self.identity = self.client.check()
+            self.info = self.client.drafter_info()
+            try:
+                self.model_info = self.client.workers[self.url]._request("GET", "/model_info").json()
+            except ServerRequestError:
+                self.model_info = {}
+        except FleetMismatchError as exc:
+            raise _TrainFail(str(exc), 1) from None
+        except ServerUnavailableError as exc:
+            raise _TrainFail(f"cannot reach every worker of the fleet: {exc}", 1) from None
+        except ServerRequestError as exc:
+            hint = {404: " (is every URL a sglang-specopd worker? the router's own URL goes in --router)",
+                    401: " (pass the workers' --api-key as --api-key or SPECOPD_API_KEY)"}.get(exc.status, "")
+            raise _TrainFail(f"GET /specopd/drafter on the fleet's workers failed: {exc}{hint}", 1) from None
+        if self.identity.version is None:
+            say(f"note: the workers serve different drafter versions ({dict(self.identity.versions)}); the first "
+                "push brings them all to one")
+        self.target = self._resolve_target(target)
+        self.init = self._resolve_init(init, say)
+        self.push_enabled = self.admin_key is not None
+        if need_push and not self.push_enabled:
+            raise _TrainFail(f"this method pushes the drafter into the fleet: pass --admin-key (or {ADMIN_KEY_ENV}) "
+                             "with the workers' --admin-api-key")
+        self._pusher = None
+        if self.push_enabled:
+            for url in self.workers:
+                self._check_push_at(url)
+            from specopd_trainer.fleet_push import FleetPusher
+
+            self._pusher = FleetPusher(self.workers, admin_api_key=self.admin_key, api_key=api_key, say=say)
+        else:
+            say(f"no --admin-key ({ADMIN_KEY_ENV}): the trained drafter will not be pushed into the fleet")
+
+    def push(self, drafter, version: str) -> None:
+        """One FleetRollout transaction to ``version`` on every worker; raises FleetPushError (a
+        ServerRequestError) when it was aborted (every worker keeps its drafter)."""
+        self._pusher(drafter, version)
+
+    def serving_version(self) -> str:
+        """The drafter version every worker serves, or ``mixed:<v1>|<v2>...`` when they differ."""
+        versions = sorted({str(v) for v in self.client.drafter_info()["versions"].values()})
+        return versions[0] if len(versions) == 1 else "mixed:" + "|".join(versions)
+
+    def check_traffic(self) -> None:
+        """Every worker's spool readable with the admin key; _TrainFail (exit 1) naming the first that is not."""
+        from specopd_trainer.client import ServerRequestError
+
+        for url in self.workers:
+            try:
+                self.client.traffic_page(0, None, 1, worker=url)
+            except ServerRequestError as exc:
+                raise _TrainFail(f"cannot read the traffic of worker {url} (HTTP {exc.status}: {exc.reason})",
+                                 1) from None
