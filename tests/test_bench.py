@@ -104,12 +104,19 @@ def fake_server(fake: FakeServer) -> Iterator[str]:
                     return self._cut()
                 time.sleep(GAP_S)
                 total += n_tok
+                if self.path == "/generate":  # SGLang's native stream: cumulative meta_info, spec stats at the end
+                    last = k == len(CHUNKS) - 1
+                    meta = {"prompt_tokens": 7, "completion_tokens": total,
+                            "finish_reason": {"type": "length", "length": total} if last else None}
+                    self._chunk({"text": "ab" * total, "meta_info": meta | (fake.spec if last and fake.spec else {})})
+                    continue
                 self._chunk({"choices": [{"index": 0, "text": "ab" * n_tok,
                                           "finish_reason": "length" if k == len(CHUNKS) - 1 else None}],
                              "usage": {"prompt_tokens": 7, "completion_tokens": total, "total_tokens": 7 + total}})
-            if fake.spec:
+            if fake.spec and self.path != "/generate":
                 self._chunk({"choices": [], "sglext": {"spec_tokens_details": fake.spec}})
-            self._chunk({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": total}})
+            if self.path != "/generate":
+                self._chunk({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": total}})
             self._chunk("[DONE]")
             self.wfile.write(b"0\r\n\r\n")
 
@@ -162,6 +169,26 @@ def test_stream_records_and_level_summary_on_fake_server() -> None:
     assert s["acceptance_histogram"] == [0, 6, 6, 6, 0]  # buckets 0..block_size
     assert s["mean_acceptance_length"] == pytest.approx(60 / 18)
     assert s["acceptance_per_domain"]["dialogue"] == pytest.approx(10 / 3)
+
+
+def test_generate_api_streams_the_same_records_from_sglangs_native_route() -> None:
+    fake = FakeServer(lambda n: "drop" if n == 1 else "ok")
+    params = RequestParams(max_new_tokens=10, temperature=1.0, ignore_eos=True)
+    with fake_server(fake) as url:
+        run = run_level(url, prompts(3), 1, params, timeout_s=20, api="generate")
+        with pytest.raises(ValueError, match="api must be one of"):
+            run_level(url, prompts(1), 1, params, api="chat")
+    body = fake.bodies[0]
+    assert body["input_ids"] == list(range(3, 10)) and body["stream"] is True
+    sp = body["sampling_params"]
+    assert sp["max_new_tokens"] == 10 and sp["temperature"] == 1.0 and sp["top_k"] == -1 and sp["ignore_eos"] is True
+    assert isinstance(sp["sampling_seed"], int)
+    ok, dropped = [run.records[0], run.records[2]], run.records[1]
+    for rec in ok:
+        assert rec.ok and rec.chunk_tokens == CHUNKS and rec.completion_tokens == 10 and rec.prompt_tokens == 7
+        assert rec.verify_ct == 3 and rec.histogram == (0, 1, 1, 1) and rec.finish_reason == "length"
+        assert rec.accept_length == pytest.approx(10 / 3) and len(itl_values(rec)) == 9
+    assert not dropped.ok and "RemoteProtocolError" in dropped.error and dropped.chunk_tokens == (1, 3)
 
 
 def test_metrics_exact_on_constructed_records() -> None:

@@ -12,9 +12,10 @@ fleet whose workers serve different targets or drafters is refused (exit 1), as 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from sglang_specopd.app.train_options import ADMIN_KEY_ENV, _TrainFail
 from sglang_specopd.app.train_session import _Session
@@ -126,7 +127,7 @@ class FleetSession(_Session):
         if need_push and not self.push_enabled:
             raise _TrainFail(f"this method pushes the drafter into the fleet: pass --admin-key (or {ADMIN_KEY_ENV}) "
                              "with the workers' --admin-api-key")
-        self._pusher = None
+        self._pusher, self.say, self.deferred = None, say, None
         if self.push_enabled:
             for url in self.workers:
                 self._check_push_at(url)
@@ -140,6 +141,58 @@ class FleetSession(_Session):
         """One FleetRollout transaction to ``version`` on every worker; raises FleetPushError (a
         ServerRequestError) when it was aborted (every worker keeps its drafter)."""
         self._pusher(drafter, version)
+
+    def pusher(self, prefix: str, versions: List[str]):
+        """``push(step, drafter)`` for the training loops: one transaction to ``PREFIX-step<N>``. A push aborted
+        only because a worker was down (:attr:`FleetPushError.unreachable`: every worker keeps its drafter) is
+        deferred, not fatal: training goes on, the next push (or :meth:`finish_pushes`) tries again. A refusal
+        (4xx, 409: another trainer's transaction) ends the run (:class:`_TrainFail`, exit 1; the training state is
+        checkpointed)."""
+        from specopd_trainer.fleet_push import FleetPushError
+
+        def push(step: int, drafter) -> None:
+            version = f"{prefix}-step{step}"
+            try:
+                self.push(drafter, version)
+            except FleetPushError as exc:
+                if not exc.unreachable:
+                    raise _TrainFail(f"push refused: every worker kept its drafter ({exc}); the training state is "
+                                     "checkpointed, rerun the same command to resume", 1) from None
+                self.deferred = version
+                self.say(f"warning: push of {version} deferred, a worker is down ({exc}); training goes on, the "
+                         "next push tries again")
+                return
+            self.deferred = None
+            versions.append(version)
+
+        return push if self.push_enabled else None
+
+    def finish_pushes(self, drafter, versions: List[str], *, retry_s: float = 300.0, gap_s: float = 10.0,
+                      sleep: Callable[[float], None] = time.sleep,
+                      clock: Callable[[], float] = time.monotonic) -> None:
+        """End of a run: when its last push was deferred (a worker down), push ``drafter`` under that version
+        again every ``gap_s`` seconds for up to ``retry_s`` seconds (a restarted worker comes back). Raises
+        :class:`_TrainFail` (exit 1) when the fleet still cannot take it: every worker keeps its drafter, the
+        training state is checkpointed, and rerunning the same command pushes the final drafter."""
+        from specopd_trainer.fleet_push import FleetPushError
+
+        if self.deferred is None:
+            return
+        version, deadline = self.deferred, clock() + retry_s
+        while True:
+            self.say(f"the last push ({version}) was deferred: trying again in {gap_s:.0f} s")
+            sleep(gap_s)
+            try:
+                self.push(drafter, version)
+            except FleetPushError as exc:
+                if exc.unreachable and clock() < deadline:
+                    continue
+                raise _TrainFail(f"the last push ({version}) did not reach every worker within {retry_s:.0f} s "
+                                 f"({exc}); every worker keeps its drafter and the training state is checkpointed: "
+                                 "rerun the same command once the workers are up to push it", 1) from None
+            self.deferred = None
+            versions.append(version)
+            return
 
     def serving_version(self) -> str:
         """The drafter version every worker serves, or ``mixed:<v1>|<v2>...`` when they differ."""

@@ -201,4 +201,5 @@ def run_algorithm(alg, *, options: Dict[str, Any], server: Optional[str], admin_
     push = sess.pusher(version_prefix or f"{alg.prefix}-{run_dir.name}", versions)
     report = alg.run(TrainContext(drafter, sess.client, run_dir, push=push, progress=progress, **loaded), cfg)
     if rank == 0:
+        sess.finish_pushes(drafter, versions)  # a fleet's push deferred while a worker was down
         _finish(sess, drafter, run_dir, alg.name, list(report.rows), versions)

@@ -195,6 +195,9 @@ class _Session:
 
         return push if self.push_enabled else None
 
+    def finish_pushes(self, drafter, versions: List[str]) -> None:
+        """End of a run: nothing to retry against one server (a refused push already ended the run)."""
+
 
 def _finish(sess: _Session, drafter, run_dir: Path, method: str, rows: List[tuple],
             versions: List[str]) -> None:

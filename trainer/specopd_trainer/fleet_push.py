@@ -34,6 +34,14 @@ class FleetPushError(ServerRequestError):
                          "drafter): " + "; ".join(f"{url}: {reason[:300]}" for url, reason in refused))
         self.report = report
 
+    @property
+    def unreachable(self) -> bool:
+        """Every failed stage failed because its worker could not be reached or answered 5xx (a worker down or
+        restarting), none because a worker refused the drafter (4xx) or another transaction held the fleet (409):
+        the same push can succeed once the worker is back."""
+        failed = [w.stage for w in self.report.workers if w.stage is not None and not w.stage.ok]
+        return bool(failed) and all(s.status is None or s.status >= 500 for s in failed)
+
 
 class FleetPusher:
     """``push(drafter, version)`` into the workers ``urls`` as one transaction (see the module docstring).

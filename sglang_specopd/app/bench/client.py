@@ -12,6 +12,12 @@ Every request is ``POST /v1/completions`` with ``stream: true`` and
   spec_correct_drafts_histogram, ...}`` for this request (the same numbers ``/generate`` puts in ``meta_info``).
   A server without a drafter sends no such chunk, nor does a request that ended with its prefill token.
 
+With ``api="generate"`` the same request goes to SGLang's native ``POST /generate`` (``input_ids``,
+``sampling_params``, ``stream: true``): every chunk's ``meta_info.completion_tokens`` is cumulative and the last one
+carries ``spec_verify_ct`` / ``spec_accept_length`` / ``spec_correct_drafts_histogram``. That is the API to use
+through sglang-router, whose ``/v1/completions`` takes no token-id prompt and drops ``continuous_usage_stats``
+(docs/fleet.md).
+
 Timestamps are ``time.perf_counter()`` on this client when each SSE line arrives. A request succeeds only when the
 stream ends with ``data: [DONE]``; a refused request (HTTP status), an error chunk, a dropped connection, a stream
 cut short or the per-request timeout make it an error record (``ok`` False, ``error`` says why), never an
@@ -24,11 +30,13 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import httpx
 
 COMPLETIONS_PATH = "/v1/completions"
+GENERATE_PATH = "/generate"
+APIS = ("completions", "generate")
 
 
 @dataclass(frozen=True)
@@ -125,6 +133,25 @@ class _Stream:
         if choice.get("finish_reason"):
             self.finish = str(choice["finish_reason"])
 
+    def feed_generate(self, obj: Mapping[str, Any], now: float) -> None:
+        """One chunk of a streaming ``/generate`` reply (``meta_info.completion_tokens`` cumulative)."""
+        if "error" in obj or obj.get("object") == "error":
+            err = obj.get("error", obj)
+            raise _RequestFailed(f"error chunk: {err.get('message', err) if isinstance(err, Mapping) else err}")
+        meta = obj["meta_info"]
+        self.prompt_tokens = int(meta.get("prompt_tokens") or self.prompt_tokens)
+        new = int(meta["completion_tokens"]) - self.tokens
+        if new > 0:
+            self.tokens += new
+            self.times.append(now)
+            self.counts.append(new)
+        finish = meta.get("finish_reason")
+        if finish:
+            self.finish = str(finish.get("type") if isinstance(finish, Mapping) else finish)
+            self.final_tokens = self.tokens
+        if meta.get("spec_verify_ct") is not None:
+            self.spec = meta
+
 
 def completion_payload(prompt: BenchPrompt, params: RequestParams) -> Dict[str, Any]:
     """The ``/v1/completions`` body for ``prompt``; T > 0 adds top_p 1, top_k -1 and a seed from the id."""
@@ -140,6 +167,15 @@ def completion_payload(prompt: BenchPrompt, params: RequestParams) -> Dict[str, 
         seed = sampling_params(params.temperature, params.max_new_tokens, prompt.id)["sampling_seed"]
         body.update(top_p=1.0, top_k=-1, seed=seed)
     return body
+
+
+def generate_payload(prompt: BenchPrompt, params: RequestParams) -> Dict[str, Any]:
+    """The streaming ``/generate`` body for ``prompt`` (the same sampling as :func:`completion_payload`)."""
+    from specopd_trainer.evaluate import sampling_params
+
+    sp = sampling_params(params.temperature, params.max_new_tokens, prompt.id)
+    sp["ignore_eos"] = params.ignore_eos
+    return {"input_ids": list(prompt.prompt_ids), "sampling_params": sp, "stream": True}
 
 
 async def sse_lines(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
@@ -160,7 +196,7 @@ async def sse_lines(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
 
 
 async def _consume(client: httpx.AsyncClient, url: str, body: Mapping[str, Any], state: _Stream,
-                   t0: float) -> None:
+                   t0: float, feed: Callable[[Mapping[str, Any], float], None]) -> None:
     async with client.stream("POST", url, json=body) as resp:
         if resp.status_code != 200:
             text = (await resp.aread())[:300].decode(errors="replace")
@@ -174,12 +210,13 @@ async def _consume(client: httpx.AsyncClient, url: str, body: Mapping[str, Any],
             if data == "[DONE]":
                 state.done = True
                 return
-            state.feed(json.loads(data), now)
+            feed(json.loads(data), now)
 
 
 async def stream_request(client: httpx.AsyncClient, base_url: str, prompt: BenchPrompt, params: RequestParams,
-                         *, timeout_s: float, level_t0: float) -> RequestRecord:
-    """Send one streaming completion and time it; failures come back as records with ``ok`` False.
+                         *, timeout_s: float, level_t0: float, api: str = "completions") -> RequestRecord:
+    """Send one streaming completion (``api`` "completions": ``/v1/completions``; "generate": ``/generate``) and
+    time it; failures come back as records with ``ok`` False.
 
     ``timeout_s`` bounds the whole request (seconds, send -> ``[DONE]``); ``level_t0`` is the level's
     ``perf_counter`` origin for ``start_s``.
@@ -187,9 +224,12 @@ async def stream_request(client: httpx.AsyncClient, base_url: str, prompt: Bench
     state = _Stream()
     t0 = time.perf_counter()
     error: Optional[str] = None
+    if api == "generate":
+        path, body, feed = GENERATE_PATH, generate_payload(prompt, params), state.feed_generate
+    else:
+        path, body, feed = COMPLETIONS_PATH, completion_payload(prompt, params), state.feed
     try:
-        await asyncio.wait_for(_consume(client, base_url.rstrip("/") + COMPLETIONS_PATH,
-                                        completion_payload(prompt, params), state, t0), timeout_s)
+        await asyncio.wait_for(_consume(client, base_url.rstrip("/") + path, body, state, t0, feed), timeout_s)
         if not state.done:
             error = "stream ended before [DONE] (connection closed by the server)"
     except asyncio.TimeoutError:
@@ -225,8 +265,9 @@ class LevelRun:
 
 def run_level(base_url: str, prompts: Sequence[BenchPrompt], concurrency: int, params: RequestParams, *,
               headers: Optional[Mapping[str, str]] = None, timeout_s: float = 600.0,
-              connect_timeout_s: float = 10.0) -> LevelRun:
+              connect_timeout_s: float = 10.0, api: str = "completions") -> LevelRun:
     """Send every prompt once with at most ``concurrency`` requests in flight; block until all have ended.
+    ``api``: "completions" (``/v1/completions``, default) or "generate" (``/generate``: through sglang-router).
 
     ``duration_s`` runs from the first send to the last request's end (as ``bench_serving``'s duration). Each
     request ends within ``timeout_s`` seconds (connecting within ``connect_timeout_s``), so this returns within
@@ -234,6 +275,8 @@ def run_level(base_url: str, prompts: Sequence[BenchPrompt], concurrency: int, p
     """
     if concurrency < 1 or not prompts:
         raise ValueError(f"need concurrency >= 1 and at least one prompt (got {concurrency}, {len(prompts)})")
+    if api not in APIS:
+        raise ValueError(f"api must be one of {APIS}, got {api!r}")
 
     async def main() -> LevelRun:
         sem = asyncio.Semaphore(concurrency)
@@ -244,7 +287,8 @@ def run_level(base_url: str, prompts: Sequence[BenchPrompt], concurrency: int, p
 
             async def one(p: BenchPrompt) -> RequestRecord:
                 async with sem:
-                    return await stream_request(client, base_url, p, params, timeout_s=timeout_s, level_t0=t0)
+                    return await stream_request(client, base_url, p, params, timeout_s=timeout_s, level_t0=t0,
+                                                api=api)
 
             records = await asyncio.gather(*(one(p) for p in prompts))
             return LevelRun(concurrency, tuple(records), time.perf_counter() - t0)
