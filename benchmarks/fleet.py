@@ -22,8 +22,14 @@ staged second is killed (its whole process group) just before its stage / commit
 requests, any old-drafter answers after the commit); then the worker is restarted on its port and cores and
 ``FleetRollout.reconcile``d (``--no-rejoin`` skips that), with what the router answered meanwhile.
 
-(d) Training against 1 vs 2 workers and ``kill -9`` during training: not measured yet (``TRAINING_PENDING``); the
-result keeps their sections with ``status: "pending"``.
+(d) Training (``--train-steps`` > 0). On each fleet after its levels: ``specopd train specopd --workers ... --router
+...`` (the README's validated recipe, ``--train-steps`` steps, one push at the end) in a subprocess; supervised
+tokens/s over the steps after the first with a bootstrap interval over steps, and the paired 2-vs-1 ratio (the same
+seed: the same sequences per step). The first fleet's run prepares the training data (``--train-per-domain``
+responses per domain through the router), every later run reads the same data. On the last fleet, after the
+rollouts: the same command for ``--kill-train-steps`` steps pushing every ``--train-push-every``, a worker killed
+(``kill -9``) once step ``--kill-at-step`` is logged and restarted at once: every step must be logged (lost steps:
+none), pushes while the worker is down are deferred (every worker keeps its drafter), the final push reaches both.
 
 Result: ``benchmarks/results/fleet_smollm2_cpu.json`` (keys in the shared notes ``results.md``) + a PNG beside it;
 written after each phase (``status: "partial"`` until the end). Run on a quiet machine with at least 2 cores::
@@ -49,10 +55,6 @@ DOMAINS = ["dialogue", "coding", "math", "agentic"]
 RESULT = Path("benchmarks/results/fleet_smollm2_cpu.json")
 MIN_PROMPTS = 24
 KILL_PHASES = ("stage", "commit")
-TRAINING_PENDING = (
-    "not measured: supervised tokens/s of SpecOPD (and specopd adapt) against 1 vs 2 workers and kill -9 of a worker "
-    "during training need the fleet-aware trainer client (specopd_trainer.fleet_client, branch issue39-adapt), which "
-    "was not in main when this benchmark was written; fleet.measure_training says what to add")
 INTERVALS_NOTE = (
     "output_tokens_per_s = sum(completion tokens) / level duration = inflight * sum(tokens) / sum(latency); the 95% "
     "interval bootstraps prompts (stratified by domain) for the second factor with inflight held at its measured "
@@ -93,7 +95,13 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--ttl-s", type=float, default=120.0, help="staged copies' TTL")
     ap.add_argument("--request-timeout", type=float, default=600.0)
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds for a fleet (or a restarted worker) to start")
-    ap.add_argument("--training", action="store_true", help="part d (pending: see TRAINING_PENDING)")
+    ap.add_argument("--train-steps", type=int, default=12, help="training steps per fleet (0: skip part d)")
+    ap.add_argument("--train-per-domain", type=int, default=4, help="training responses per domain")
+    ap.add_argument("--train-max-new-tokens", type=int, default=96, help="training response length")
+    ap.add_argument("--kill-train-steps", type=int, default=16, help="steps of the kill -9 training run (0: skip)")
+    ap.add_argument("--train-push-every", type=int, default=4, help="pushes of the kill -9 training run")
+    ap.add_argument("--kill-at-step", type=int, default=6, help="kill -9 once this training step is logged")
+    ap.add_argument("--train-timeout", type=float, default=1800.0, help="seconds for one training run")
     ap.add_argument("--run-dir", type=Path, default=Path("runs/fleet_bench"))
     ap.add_argument("--out", type=Path, default=RESULT)
     return ap.parse_args(argv)
@@ -116,30 +124,6 @@ def pick_cores(spec: str, n: int, available: List[int]) -> List[int]:
     return cores
 
 
-def measure_training(fleet, args, say) -> Dict[str, Any]:
-    """Part (d), to add once the fleet-aware trainer client is in main (branch issue39-adapt):
-
-    * per arm (1 and 2 workers, in the arm's ``with started_fleet`` block after its levels): run
-      ``specopd train specopd --workers W1,W2 --router ROUTER --admin-key K --data dialogue,coding,math,agentic
-      --run-dir D --steps N`` (the validated setting of the README) and read ``supervised_tokens_per_s`` from
-      ``D/metrics.jsonl`` (mean over the steps after the first, with :func:`fleetbench.stats.mean_interval`);
-      store it as ``training.workers[str(n)]`` and the ratio;
-    * on the 2-worker fleet: the same run with ``kill -9`` of a worker (:func:`fleetbench.phases.kill_worker`) at
-      step N/2: every step in metrics.jsonl (``lost_steps``: missing step numbers), the run finished, the push after
-      it a committed FleetRollout; one ``faults`` item ``{"what": "kill -9 worker during training", ...}``.
-    """
-    raise NotImplementedError(TRAINING_PENDING)
-
-
-def training_pending() -> Dict[str, Any]:
-    return {"workers": {"1": None, "2": None}, "status": "pending", "note": TRAINING_PENDING}
-
-
-def training_fault_pending() -> Dict[str, Any]:
-    return {"what": "kill -9 worker during training", "status": "pending", "lost_steps": None, "lost_requests": None,
-            "outcome": TRAINING_PENDING}
-
-
 def floors(payload: Dict[str, Any]) -> Dict[str, Any]:
     """The issue's floors and aim as measured here (None: not measured)."""
     levels, ro, faults = payload["levels"], payload.get("rollout"), payload.get("faults") or []
@@ -157,11 +141,14 @@ def floors(payload: Dict[str, Any]) -> Dict[str, Any]:
             f["survivor_serving"] == (f["version_rolled_out"] if f["committed"] else f["version_before"])
             for f in kills) if kills else None,
         "ratio_at_16_vs_aim_1_7": at16[0]["throughput_ratio"] if at16 else None,
+        "training_kill_lost_steps": [f["lost_steps"] for f in faults if f.get("what") == "kill -9 worker during "
+                                     "training"] or None,
+        "training_supervised_ratio_2_vs_1": (payload["training"].get("ratios") or {}).get("2_vs_1"),
     }
 
 
 def assemble(args, drafter: str, cores: List[int], state: Dict[str, Any], status: str) -> Dict[str, Any]:
-    from fleetbench import stats
+    from fleetbench import stats, training
 
     try:
         router_version = metadata.version("sglang-router")
@@ -179,7 +166,7 @@ def assemble(args, drafter: str, cores: List[int], state: Dict[str, Any], status
         "server_threads": os.environ.get("SPECOPD_CPU_SERVER_THREADS", "1 (plugin default)"),
         "fleets": state["fleets"], "intervals_note": INTERVALS_NOTE, "levels": state["levels"],
         "scaling": stats.scaling(state["levels"]), "rollout": state.get("rollout"),
-        "faults": state["faults"] + [training_fault_pending()], "training": training_pending(),
+        "faults": state["faults"], "training": training.summary(state["training"]),
         "settings": {k: getattr(args, k) for k in ("rollouts", "rollout_concurrency", "direct_samplers",
                                                    "rollout_max_new_tokens", "rollout_gap_s", "settle_s",
                                                    "after_kill_s", "ttl_s")}
@@ -204,6 +191,11 @@ def print_summary(payload: Dict[str, Any], say) -> None:
         say(f"rollouts: {ro['committed']}/{ro['rollouts']} committed; stage {ro['stage_s'] or 0:.2f} s, commit "
             f"{ro['commit_s'] or 0:.2f} s, verify {ro['verify_s'] or 0:.2f} s (means); stale after commit "
             f"{ro['stale_after_commit']}, mixed {ro['mixed_version_responses']}, 5xx {ro['errors_5xx']}")
+    for n, run in (payload["training"].get("workers") or {}).items():
+        say(f"training on {n} worker(s): {run['supervised_tokens_per_s'] or float('nan'):.1f} supervised tokens/s "
+            f"(exit {run['exit_code']}, {run['steps_logged']} steps)")
+    for key, r in (payload["training"].get("ratios") or {}).items():
+        say(f"training {key.replace('_', ' ')}: {r['supervised_tokens_per_s_ratio'] or float('nan'):.2f}x {r['ci95']}")
     for f in payload["faults"]:
         say(f"{f['what']}: {f['outcome']}")
     say(f"floors: {payload['floors']}")
@@ -214,7 +206,7 @@ def run_arm(args, n: int, cores: List[int], drafter: str, admin: str, params, pr
     """One fleet of ``n`` workers: its levels (part a) and, on the last arm with >= 2 workers, the rollouts (b)
     and the kill -9 scenarios (c); appends to ``state``, saves after each phase. Returns (prompts, warm-up
     prompts), loaded with the first fleet's tokenizer."""
-    from fleetbench import phases
+    from fleetbench import phases, training
 
     say(f"== {n} worker(s) on cores {cores[:n]} behind sglang-router ({args.policy})")
     with phases.started_fleet(args.config, n, cores, drafter=drafter, run_dir=args.run_dir / f"workers{n}",
@@ -242,7 +234,10 @@ def run_arm(args, n: int, cores: List[int], drafter: str, admin: str, params, pr
                 f"{lv['itl_p99_s'] or float('nan'):.3f} s, errors {lv['errors']} (5xx {lv['errors_5xx']}), "
                 f"decode steps {list(lv['worker_decode_steps'].values())} ({time.monotonic() - t:.0f} s)")
         save("partial")
-        # part (d), once the fleet-aware trainer is in main: state["training"][n] = measure_training(fl, args, say)
+        if args.train_steps > 0:
+            say(f"== training against {n} worker(s)")
+            state["training"][str(n)] = training.fleet_run(fl, args, admin, state, DOMAINS, say)
+            save("partial")
         if not last or n < 2 or (args.rollouts <= 0 and not kill_phases):
             return prompts, warm
         ro = phases.Rollouts(fl, drafter, admin, ttl_s=args.ttl_s, probe_ids=list(prompts[0].prompt_ids[:16]))
@@ -261,7 +256,15 @@ def run_arm(args, n: int, cores: List[int], drafter: str, admin: str, params, pr
                     fl, ro, ids, phase=phase, after_kill_s=args.after_kill_s, rejoin=not args.no_rejoin,
                     timeout=args.timeout, log_dir=args.run_dir / f"workers{n}", say=say, **load_kw))
                 save("partial")
-            # part (d) on this fleet: kill -9 of a worker during training (measure_training)
+            if args.kill_train_steps > 0:
+                say(f"== kill -9 of a worker during training (after step {args.kill_at_step})")
+                state["faults"].append(training.kill_during_training(
+                    fl, admin, args.run_dir / "train-kill", state["train_data"] or ",".join(DOMAINS),
+                    steps=args.kill_train_steps, push_every=args.train_push_every, kill_at=args.kill_at_step,
+                    per_domain=args.train_per_domain, max_new_tokens=args.train_max_new_tokens,
+                    rejoin=not args.no_rejoin, timeout_s=args.train_timeout, start_timeout=args.timeout,
+                    log_dir=args.run_dir / f"workers{n}", say=say))
+                save("partial")
         finally:
             ro.close()
     return prompts, warm
@@ -279,13 +282,13 @@ def main(argv=None) -> int:
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    if args.training:
-        say(f"error: --training: {TRAINING_PENDING}")
-        return 2
     workers = sorted(set(ints(args.workers)))
     kill_phases = [p for p in args.kill_phases.split(",") if p]
     if not workers or min(workers) < 1 or set(kill_phases) - set(KILL_PHASES):
         say(f"error: --workers must be >= 1 and --kill-phases among {KILL_PHASES}")
+        return 2
+    if args.kill_train_steps > 0 and not 1 <= args.kill_at_step < args.kill_train_steps:
+        say(f"error: --kill-at-step must be in [1, --kill-train-steps) = [1, {args.kill_train_steps})")
         return 2
     if args.no_rejoin and len(kill_phases) > 1:
         say("error: --no-rejoin leaves one worker after the first kill: pass one --kill-phases")
@@ -304,6 +307,7 @@ def main(argv=None) -> int:
     if rest:  # the router (started from here) and the client off the workers' cores when the machine has more
         os.sched_setaffinity(0, rest)
     state: Dict[str, Any] = {"t0": time.monotonic(), "levels": [], "fleets": {}, "faults": [], "rollout": None,
+                             "training": {}, "train_data": None,
                              "available_cores": avail, "client_cores": rest or "shared with the workers"}
     command = "python " + " ".join(["benchmarks/fleet.py", *(argv if argv is not None else sys.argv[1:])])
     admin = secrets.token_hex(16)

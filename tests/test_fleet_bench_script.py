@@ -221,6 +221,17 @@ def test_main_writes_the_result_and_the_plot_without_servers(tmp_path: Path, mon
             samples=[_s(1.5, 2.5, ["bench-v1"])], rejoin=None, t0=1.0, t_stop=3.0, concurrency=8, healthy_after=2)
 
     monkeypatch.setattr(phases, "kill_scenario", fake_kill)
+    from fleetbench import training
+
+    def fake_train(fl, args, admin, state, domains, say):
+        n = len(fl.workers)
+        secs = [2.0 / factor[n]] * 4
+        return {"workers": n, "exit_code": 0, "steps_logged": 5, "supervised_tokens_per_s": 100 * factor[n],
+                "per_step": {"steps": [2, 3, 4, 5], "tokens": [200.0] * 4, "seconds": secs}}
+
+    monkeypatch.setattr(training, "fleet_run", fake_train)
+    monkeypatch.setattr(training, "kill_during_training", lambda *a, **k: {
+        "what": "kill -9 worker during training", "lost_steps": [], "outcome": "trainer exit 0"})
     monkeypatch.setattr(plan, "available_cores", lambda: [0, 1])
     import transformers
 
@@ -242,16 +253,17 @@ def test_main_writes_the_result_and_the_plot_without_servers(tmp_path: Path, mon
     assert [f["what"] for f in data["faults"]] == ["kill -9 worker during rollout (at its stage)",
                                                    "kill -9 worker during rollout (at its commit)",
                                                    "kill -9 worker during training"]
-    assert data["faults"][2]["status"] == "pending" and data["training"]["status"] == "pending"
-    assert data["training"]["workers"] == {"1": None, "2": None}
+    assert data["training"]["status"] == "measured" and sorted(data["training"]["workers"]) == ["1", "2"]
+    ratio = data["training"]["ratios"]["2_vs_1"]
+    assert ratio["supervised_tokens_per_s_ratio"] == pytest.approx(1.8) and ratio["ci95"] == pytest.approx([1.8, 1.8])
     fl = data["floors"]
     assert fl["levels_errors_5xx"] == 0 and fl["rollout_stale_or_mixed_after_commit"] == 0
     assert fl["kill_old_drafter_answers_after_commit"] == 0 and fl["kill_survivor_on_expected_version"] is True
-    assert fl["ratio_at_16_vs_aim_1_7"] == pytest.approx(1.8)
+    assert fl["ratio_at_16_vs_aim_1_7"] == pytest.approx(1.8) and fl["training_kill_lost_steps"] == [[]]
     assert out.with_suffix(".png").is_file()
     # a later run never overwrites: the earlier JSON and PNG move to history/
     R._WRITTEN.clear()  # as another run would
-    assert FLEET.main(argv + ["--kill-phases", "", "--rollouts", "0", "--workers", "1"]) == 0
+    assert FLEET.main(argv + ["--kill-phases", "", "--rollouts", "0", "--workers", "1", "--train-steps", "0"]) == 0
     hist = sorted(p.suffix for p in (out.parent / "history").iterdir())
     assert hist == [".json", ".png"]
     assert json.loads(out.read_text())["rollout"] is None and len(json.loads(out.read_text())["levels"]) == 2
@@ -264,8 +276,9 @@ def test_bad_options_are_refused_before_anything_starts(monkeypatch, capsys) -> 
     assert FLEET.main(["--drafter", "/d"]) == 2  # two workers, one core
     assert "2 workers need 2 distinct cores" in capsys.readouterr().err
     assert FLEET.main(["--drafter", "/d", "--kill-phases", "verify"]) == 2
-    assert FLEET.main(["--drafter", "/d", "--training"]) == 2
-    assert "issue39-adapt" in capsys.readouterr().err
+    capsys.readouterr()
+    assert FLEET.main(["--drafter", "/d", "--kill-at-step", "16"]) == 2
+    assert "--kill-at-step must be in [1, --kill-train-steps) = [1, 16)" in capsys.readouterr().err
     with pytest.raises(ValueError):
         FLEET.pick_cores("0,0", 2, [0, 1])
     with pytest.raises(ValueError):
@@ -318,3 +331,22 @@ def test_timed_worker_runs_its_one_shot_hook_inside_the_timed_call() -> None:
     assert not got.ok and order == [("hook", "http://w0"), "call"] and w.before == {}  # ran once
     assert [(e["op"], e["t0"], e["t1"], e["ok"], e["error"]) for e in events] == [
         ("commit", 0, 1, False, "refused"), ("commit", 2, 3, True, None)]
+
+
+def test_training_rates_are_ratios_of_step_sums_and_the_paired_ratio_matches_steps() -> None:
+    from fleetbench import training
+
+    rows = [{"step": k, "supervised_tokens": t, "supervised_wall_s": w}
+            for k, t, w in ((1, 100, 10.0), (2, 300, 12.0), (3, 400, 16.0), (4, 700, 19.0))]
+    rates = training.step_rates(list(reversed(rows)))  # any order
+    assert rates == {"steps": [2, 3, 4], "tokens": [200.0, 100.0, 300.0], "seconds": [2.0, 4.0, 3.0]}
+    point, ci = training.rate_interval(rates["tokens"], rates["seconds"])
+    assert point == pytest.approx(600 / 9) and ci[0] <= point <= ci[1] and ci[0] >= 100 / 4 and ci[1] <= 100
+    assert training.rate_interval([], []) == (None, None)
+    half = {"steps": [2, 3, 4, 5], "tokens": [200.0, 100.0, 300.0, 50.0], "seconds": [1.0, 2.0, 1.5, 9.0]}
+    r, rci = training.paired_step_ratio(half, rates)  # steps 2-4 in common: each twice as fast
+    assert r == pytest.approx(2.0) and rci == pytest.approx([2.0, 2.0])
+    assert training.paired_step_ratio(half, {"steps": [9], "tokens": [1.0], "seconds": [1.0]}) == (None, None)
+    summary = training.summary({"1": {"per_step": rates}, "2": {"per_step": half}})
+    assert summary["ratios"]["2_vs_1"]["supervised_tokens_per_s_ratio"] == pytest.approx(2.0)
+    assert training.summary({}) == {"status": "not run", "workers": {}}

@@ -116,7 +116,7 @@ def measure_level(fleet, prompts, concurrency: int, params, *, timeout_s: float,
 
     flushed = flush_workers(worker_urls(fleet), admin_key)
     before = decode_steps(worker_urls(fleet))
-    run = run_level(fleet.router_url, prompts, concurrency, params, timeout_s=timeout_s)
+    run = run_level(fleet.router_url, prompts, concurrency, params, timeout_s=timeout_s, api="generate")
     after = decode_steps(worker_urls(fleet))
     rows = [asdict(r) for r in run.records]
     summary = summarize_level(run.records, run.duration_s, speculative=True)
@@ -137,7 +137,7 @@ def warm_up(fleet, prompts, params, *, timeout_s: float) -> None:
     from sglang_specopd.app.bench.client import run_level
 
     if prompts:
-        run_level(fleet.router_url, prompts, 2 * len(fleet.workers), params, timeout_s=timeout_s)
+        run_level(fleet.router_url, prompts, 2 * len(fleet.workers), params, timeout_s=timeout_s, api="generate")
 
 
 # ------------------------------------------------------------------------------------------------ rollouts
