@@ -117,6 +117,26 @@ def test_a_worker_that_drops_out_is_replaced_by_the_next_in_each_references_orde
         rendezvous_order(affinity_key(r), URLS)[0] for r in rs]
 
 
+def test_ranks_split_the_workers_and_fall_back_on_the_others_only_when_theirs_fail():
+    from specopd_trainer.fleet_client import rank_share
+
+    assert [rank_share(URLS, r, 2) for r in (0, 1)] == [["http://w0", "http://w2"], ["http://w1"]]
+    assert [rank_share(URLS[:1], r, 2) for r in (0, 1)] == [["http://w0"], ["http://w0"]]
+    assert rank_share(URLS[:2], 2, 3) == ["http://w0"]  # fewer workers than ranks: worker rank % n
+    with pytest.raises(ValueError):
+        rank_share(URLS, 2, 2)
+    with pytest.raises(ValueError, match="not among the workers"):
+        fleet(preferred=["http://elsewhere"])
+    client, w = fleet(preferred=rank_share(URLS, 0, 2))
+    many = refs(40, seed=3)
+    client.score_trees(request(many))
+    assert w["http://w1"].scored == [] and sum(len(c) for c in w["http://w0"].scored + w["http://w2"].scored) == 40
+    assert {len(w["http://w0"].scored), len(w["http://w2"].scored)} == {1}  # both of this rank's workers, once
+    w["http://w0"].down = w["http://w2"].down = True
+    out = client.score_trees(request(many[:5]))
+    assert [o.worker for o in out] == ["http://w1"] * 5 and [o.ids for o in out] == [tuple(r) for r in many[:5]]
+
+
 def test_every_worker_down_is_one_error_and_a_bad_request_is_never_retried_elsewhere():
     client, w = fleet()
     for fw in w.values():

@@ -102,7 +102,12 @@ class FleetSession(_Session):
         self.where = f"fleet of {len(self.workers)} worker(s) " + (f"behind {self.router}" if self.router else
                                                                    f"({', '.join(self.workers)})")
         self.api_key, self.admin_key = api_key, admin_key or None
-        self.client = FleetClient(self.workers, router=self.router, api_key=api_key, admin_api_key=self.admin_key)
+        from specopd_trainer.fleet_client import rank_share
+        from specopd_trainer.loops.common import dist_info
+
+        rank, world = dist_info()  # under torchrun the ranks split the workers (each falls back on the others)
+        self.client = FleetClient(self.workers, router=self.router, api_key=api_key, admin_api_key=self.admin_key,
+                                  preferred=rank_share(self.workers, rank, world) if world > 1 else None)
         try:
             self.identity = self.client.check()
             self.info = self.client.drafter_info()

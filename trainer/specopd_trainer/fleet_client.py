@@ -46,6 +46,9 @@ class FleetClient:
         cooldown_s: a worker that failed is tried after the others this long (:class:`WorkerHealth`).
         client_factory: ``url -> client`` (tests: fake workers); default a :class:`SpecOPDClient` as above (the
             router's with SpecOPDClient's default retries).
+        preferred: the workers this client tries first (under torchrun: this rank's share of the fleet, so ranks
+            split the workers; :func:`rank_share`); references and direct requests go by rendezvous among them, and
+            fail over to the other workers only when all of them fail. Default: every worker.
 
     Raises:
         ValueError: no worker.
@@ -54,10 +57,14 @@ class FleetClient:
     def __init__(self, workers: Sequence[str], *, router: Optional[str] = None, api_key: Optional[str] = None,
                  admin_api_key: Optional[str] = None, timeout: float = 600.0, retries: int = 1,
                  backoff_s: float = 0.5, busy_retries: int = 8, cooldown_s: float = 30.0,
-                 client_factory: Optional[Callable[[str], Any]] = None):
+                 client_factory: Optional[Callable[[str], Any]] = None, preferred: Optional[Sequence[str]] = None):
         urls = list(dict.fromkeys(u.rstrip("/") for u in workers))
         if not urls:
             raise ValueError("FleetClient needs at least one worker URL")
+        mine = [u.rstrip("/") for u in preferred] if preferred else urls
+        if not set(mine) <= set(urls) or not mine:
+            raise ValueError(f"preferred workers {list(preferred or [])} are not among the workers {urls}")
+        self.preferred = [u for u in urls if u in mine]
         make = client_factory or (lambda url, **kw: SpecOPDClient(
             url, api_key=api_key, admin_api_key=admin_api_key, timeout=timeout, busy_retries=busy_retries, **kw))
         kw = {} if client_factory else {"retries": retries, "backoff_s": backoff_s}
@@ -87,8 +94,13 @@ class FleetClient:
     def _failed_over(self, url: str, reason: str) -> None:
         self.counts["failovers"] += 1
 
+    def _order(self, key: bytes) -> List[str]:
+        """Rendezvous order among the preferred workers, then among the others (failover only)."""
+        rest = [u for u in self.worker_urls if u not in self.preferred]
+        return rendezvous_order(key, self.preferred) + (rendezvous_order(key, rest) if rest else [])
+
     def _on_workers(self, key: bytes, call: Callable[[Any], Any], what: str):
-        return call_with_failover(rendezvous_order(key, self.worker_urls), lambda u: call(self.workers[u]),
+        return call_with_failover(self._order(key), lambda u: call(self.workers[u]),
                                   self.health, what=what, on_failover=self._failed_over)
 
     # ---- identity ------------------------------------------------------------------------------------------------
@@ -141,7 +153,7 @@ class FleetClient:
         :class:`FleetUnavailableError` when every worker failed some reference, the workers' 4xx errors as they
         are."""
         keys = [affinity_key(r.input_ids) for r in req.references]
-        orders = [self.health.order(rendezvous_order(k, self.worker_urls)) for k in keys]
+        orders = [self.health.order(self._order(k)) for k in keys]
         out: Dict[int, Any] = {}
         todo, tried = list(range(len(keys))), {i: set() for i in range(len(keys))}
         errors: Dict[str, str] = {}
@@ -242,3 +254,12 @@ class FleetClient:
     def purge_traffic(self) -> int:
         """Drop every worker's spool items (admin); how many were dropped in all."""
         return sum(c.purge_traffic() for c in self.workers.values())
+
+
+def rank_share(workers: Sequence[str], rank: int, world: int) -> List[str]:
+    """The workers rank ``rank`` of ``world`` tries first: ``workers[rank::world]`` (every rank gets at least one:
+    with fewer workers than ranks, worker ``rank % len(workers)``). Raises ValueError for no workers or a rank
+    outside ``[0, world)``."""
+    if not workers or not 0 <= rank < world:
+        raise ValueError(f"rank {rank} of {world} over {len(workers)} worker(s)")
+    return list(workers[rank::world]) or [workers[rank % len(workers)]]
