@@ -191,7 +191,7 @@ def run_arm(args, n: int, cores: List[int], drafter: str, admin: str, params, pr
             say(f"== training against {n} worker(s)")
             state["training"][str(n)] = training.fleet_run(fl, args, admin, state, DOMAINS, say)
             save("partial")
-        if not last or n < 2 or (args.rollouts <= 0 and not kill_phases):
+        if not last or n < 2 or (args.rollouts <= 0 and not kill_phases and args.kill_train_steps <= 0):
             return prompts, warm
         ro = phases.Rollouts(fl, drafter, admin, ttl_s=args.ttl_s, probe_ids=list(prompts[0].prompt_ids[:16]))
         try:
