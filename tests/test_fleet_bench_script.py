@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -350,3 +351,18 @@ def test_training_rates_are_ratios_of_step_sums_and_the_paired_ratio_matches_ste
     summary = training.summary({"1": {"per_step": rates}, "2": {"per_step": half}})
     assert summary["ratios"]["2_vs_1"]["supervised_tokens_per_s_ratio"] == pytest.approx(2.0)
     assert training.summary({}) == {"status": "not run", "workers": {}}
+
+
+def test_cpu_split_is_cores_used_per_part_and_the_rest_of_the_machine() -> None:
+    from fleetbench.cpu import cpu_seconds, cpu_split
+
+    before = {"worker0": 10.0, "worker1": 20.0, "router": 1.0, "client": 5.0, "machine_busy": 100.0}
+    after = {"worker0": 19.0, "worker1": 28.0, "router": 2.0, "client": 7.0, "machine_busy": 121.0}
+    split = cpu_split(before, after, 10.0)["cores_used"]
+    assert split == pytest.approx({"worker0": 0.9, "worker1": 0.8, "router": 0.1, "client": 0.2, "machine_busy": 2.1,
+                                   "other": 0.1})
+    gone = cpu_split({**before, "router": None}, after, 10.0)["cores_used"]
+    assert gone["router"] is None and gone["other"] == pytest.approx(0.2)
+    fleet = SimpleNamespace(workers=[SimpleNamespace(proc=SimpleNamespace(pid=os.getpid()))], router=None)
+    now = cpu_seconds(fleet)
+    assert now["worker0"] >= now["client"] > 0 and now["router"] is None and now["machine_busy"] > 0

@@ -116,7 +116,11 @@ def measure_level(fleet, prompts, concurrency: int, params, *, timeout_s: float,
 
     flushed = flush_workers(worker_urls(fleet), admin_key)
     before = decode_steps(worker_urls(fleet))
+    from fleetbench.cpu import cpu_seconds, cpu_split
+
+    cpu0 = cpu_seconds(fleet)
     run = run_level(fleet.router_url, prompts, concurrency, params, timeout_s=timeout_s, api="generate")
+    cpu1 = cpu_seconds(fleet)
     after = decode_steps(worker_urls(fleet))
     rows = [asdict(r) for r in run.records]
     summary = summarize_level(run.records, run.duration_s, speculative=True)
@@ -129,7 +133,7 @@ def measure_level(fleet, prompts, concurrency: int, params, *, timeout_s: float,
         tau = None
     steps = {u: (after[u] - before[u]) if after[u] is not None and before[u] is not None else None for u in after}
     return {**stats.level_entry(len(fleet.workers), concurrency, rows, run.duration_s, summary, tau, steps),
-            "cache_flushed": flushed}
+            "cache_flushed": flushed, "cpu": cpu_split(cpu0, cpu1, run.duration_s)}
 
 
 def warm_up(fleet, prompts, params, *, timeout_s: float) -> None:
