@@ -213,7 +213,11 @@ def measure_rollouts(fleet, rollouts: Rollouts, prompt_ids, *, n: int, concurren
     """``n`` rollouts, ``gap_s`` apart, under load; :func:`stats.rollout_summary`."""
     from fleetbench.load import VersionLoad
 
-    initial = rollouts.ro.committed_version
+    served = {(w.info().reply or {}).get("version") for w in rollouts.timed.values()}
+    # what the fleet serves before the first rollout: the rollouts' own last commit, or (the first time) whatever
+    # the workers report, e.g. a trainer's push of part (d), not the start-up label
+    initial = rollouts.ro.committed_version if rollouts.ro.committed_version != "initial" or len(served) != 1 \
+        else served.pop()
     recs = []
     with VersionLoad(_load_targets(fleet, concurrency, direct), prompt_ids, max_new_tokens) as load:
         time.sleep(settle_s)
