@@ -257,6 +257,15 @@ def test_where_the_cli_finds_one_server_or_a_fleet(tmp_path):
     assert resolve_endpoints("http://s:1/", None, None, None) == Endpoints(server="http://s:1")
     ends = resolve_endpoints(None, "http://a:1, http://b:2/,http://a:1", "http://r:0", None)
     assert ends == Endpoints(workers=("http://a:1", "http://b:2"), router="http://r:0") and ends.is_fleet
+    listed = lambda url, key: ["http://127.0.0.1:31/", "http://127.0.0.1:32"]  # noqa: E731
+    assert resolve_endpoints(None, None, "http://r:0/", None, "k", list_workers=listed) == Endpoints(
+        workers=("http://127.0.0.1:31", "http://127.0.0.1:32"), router="http://r:0")
+
+    def unreachable(url, key):
+        raise ValueError(f"the router at {url} does not answer: ConnectError")
+
+    with pytest.raises(_TrainFail, match="cannot find the fleet's workers through --router: the router at http://r:0"):
+        resolve_endpoints(None, None, "http://r:0", None, list_workers=unreachable)
     for args, needle in [((None, None, None, None), "name the server(s) once"),
                          (("http://s", "http://a", None, None), "got --server and --workers"),
                          (("http://s", None, "http://r", None), "--router goes with --workers"),

@@ -42,16 +42,28 @@ def _url(value: str, flag: str) -> str:
 
 
 def resolve_endpoints(server: Optional[str], workers: Optional[str], router: Optional[str],
-                      fleet_run_dir: Optional[Path]) -> Endpoints:
-    """The servers the options name. Exactly one of ``--server``, ``--workers``, ``--fleet-run-dir``; ``--router``
-    goes with ``--workers`` (with ``--fleet-run-dir`` it replaces the state file's router). Raises _TrainFail (exit
-    2) otherwise, or (exit 1) for a fleet run directory without a ready fleet."""
+                      fleet_run_dir: Optional[Path], api_key: Optional[str] = None,
+                      list_workers: Optional[Callable[[str, Optional[str]], List[str]]] = None) -> Endpoints:
+    """The servers the options name. Exactly one of ``--server``, ``--workers``, ``--fleet-run-dir``, or
+    ``--router`` alone (its workers are the ones the router lists: ``GET /workers``, ``list_workers(url, api_key)``,
+    default :func:`~sglang_specopd.app.fleet_router.router_workers`); ``--router`` also goes with ``--workers`` (with
+    ``--fleet-run-dir`` it replaces the state file's router). Raises _TrainFail (exit 2) otherwise, or (exit 1) for
+    a fleet run directory without a ready fleet or a router that lists no worker."""
     given = [flag for flag, v in (("--server", server), ("--workers", workers), ("--fleet-run-dir", fleet_run_dir))
              if v]
+    if not given and router:
+        from sglang_specopd.app.fleet_router import router_workers
+
+        url = _url(router, "--router")
+        try:
+            urls = (list_workers or router_workers)(url, api_key)
+        except ValueError as exc:
+            raise _TrainFail(f"cannot find the fleet's workers through --router: {exc}", 1) from None
+        return Endpoints(workers=tuple(_url(u, "the router's worker list") for u in urls), router=url)
     if len(given) != 1:
-        raise _TrainFail("name the server(s) once: --server URL (one server), --workers URL,URL [--router URL] (a "
-                         "fleet) or --fleet-run-dir DIR (a fleet started by `specopd fleet start`)"
-                         + (f"; got {' and '.join(given)}" if given else ""))
+        raise _TrainFail("name the server(s) once: --server URL (one server), --router URL (a fleet, its workers as "
+                         "the router lists them), --workers URL,URL [--router URL] or --fleet-run-dir DIR (a fleet "
+                         "started by `specopd fleet start`)" + (f"; got {' and '.join(given)}" if given else ""))
     if server:
         if router:
             raise _TrainFail("--router goes with --workers or --fleet-run-dir (the router does not forward "

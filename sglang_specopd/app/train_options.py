@@ -64,8 +64,8 @@ def _o_workers():
 
 
 def _o_router():
-    return typer.Option(None, "--router", help="With --workers: the fleet's sglang-router URL (generation goes "
-                                               "through it).")
+    return typer.Option(None, "--router", help="A fleet's sglang-router URL: generation goes through it; alone, the "
+                                               "workers are the ones it lists (GET /workers).")
 
 
 def _o_fleet_run_dir():
