@@ -268,7 +268,7 @@ def test_where_the_cli_finds_one_server_or_a_fleet(tmp_path):
         resolve_endpoints(None, None, "http://r:0", None, list_workers=unreachable)
     for args, needle in [((None, None, None, None), "name the server(s) once"),
                          (("http://s", "http://a", None, None), "got --server and --workers"),
-                         (("http://s", None, "http://r", None), "--router goes with --workers"),
+                         (("http://s", None, "http://r", None), "--server is one server; a fleet.s router goes alone"),
                          ((None, "a:1", None, None), "bad option --workers: 'a:1' is not an http(s) URL"),
                          ((None, None, None, tmp_path / "none"), "no fleet in")]:
         with pytest.raises(_TrainFail, match=needle.replace("(", r"\(").replace(")", r"\)")):

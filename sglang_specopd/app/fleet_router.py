@@ -47,7 +47,7 @@ def router_workers(url: str, api_key: Optional[str] = None, timeout: float = 10.
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         r = httpx.get(url.rstrip("/") + WORKERS_PATH, headers=headers, timeout=timeout)
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
         raise ValueError(f"the router at {url} does not answer: {type(exc).__name__}: {exc}") from None
     try:
         body = r.json() if r.status_code == 200 else None

@@ -66,8 +66,8 @@ def resolve_endpoints(server: Optional[str], workers: Optional[str], router: Opt
                          "started by `specopd fleet start`)" + (f"; got {' and '.join(given)}" if given else ""))
     if server:
         if router:
-            raise _TrainFail("--router goes with --workers or --fleet-run-dir (the router does not forward "
-                             "/specopd/*, so the trainer needs the workers' URLs too)")
+            raise _TrainFail("--server is one server; a fleet's router goes alone (--router URL: its workers as "
+                             "it lists them) or with --workers / --fleet-run-dir")
         return Endpoints(server=_url(server, "--server"))
     if workers:
         urls = tuple(dict.fromkeys(_url(u, "--workers") for u in workers.split(",") if u.strip()))
@@ -125,7 +125,7 @@ class FleetSession(_Session):
             self.info = self.client.drafter_info()
             try:
                 self.model_info = self.client.workers[self.url]._request("GET", "/model_info").json()
-            except ServerRequestError:
+            except (ServerRequestError, ValueError):  # no route, or not JSON: the target comes from --target
                 self.model_info = {}
         except FleetMismatchError as exc:
             raise _TrainFail(str(exc), 1) from None
@@ -212,8 +212,14 @@ class FleetSession(_Session):
             return
 
     def serving_version(self) -> str:
-        """The drafter version every worker serves, or ``mixed:<v1>|<v2>...`` when they differ."""
-        versions = sorted({str(v) for v in self.client.drafter_info()["versions"].values()})
+        """The drafter version every worker serves, ``mixed:<v1>|<v2>...`` when they differ, or ``unknown (...)``
+        when a worker does not answer (the run's summary must not fail on a worker that went down at the end)."""
+        from specopd_trainer.client import ServerError
+
+        try:
+            versions = sorted({str(v) for v in self.client.drafter_info()["versions"].values()})
+        except ServerError as exc:
+            return f"unknown ({str(exc)[:200]})"
         return versions[0] if len(versions) == 1 else "mixed:" + "|".join(versions)
 
     def check_traffic(self) -> None:

@@ -55,7 +55,7 @@ def _describe(error: dict, flags: Mapping[str, str]) -> str:
 
 def _o_server():
     return typer.Option(None, "--server", help="URL of a running SPECOPD server (`specopd serve ...`); for a fleet "
-                                               "pass --workers or --fleet-run-dir instead.")
+                                               "pass --router, --workers or --fleet-run-dir instead.")
 
 
 def _o_workers():
