@@ -165,6 +165,10 @@ def test_generation_goes_through_the_router_unless_it_needs_custom_params():
     w[first].down = True  # a direct request fails over too
     out = client.generate([5, 6, 7], max_new_tokens=4, trace=True)
     assert out["meta_info"]["served_by"] == rendezvous_order(affinity_key([5, 6, 7]), URLS)[1]
+    w["http://router"].down = True  # the router down: plain generation goes to the workers directly
+    failovers = client.counts["failovers"]
+    out = client.generate([8, 9], max_new_tokens=4)
+    assert out["meta_info"]["served_by"] in URLS and client.counts["failovers"] == failovers + 1
     no_router, w2 = fleet()
     no_router.generate([1], max_new_tokens=2)
     assert sum(len(fw.generated) for fw in w2.values()) == 1

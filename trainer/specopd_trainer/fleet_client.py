@@ -139,11 +139,15 @@ class FleetClient:
     def generate(self, input_ids: List[int], *, max_new_tokens: int, temperature: float = 0.0, trace: bool = False,
                  **sampling) -> Dict[str, Any]:
         """``/generate`` through the router, or on a worker directly when ``trace`` or ``custom_params`` is asked
-        for or there is no router (rendezvous on the prompt, failover). SGLang's JSON reply."""
+        for, there is no router, or the router does not answer (rendezvous on the prompt, failover). SGLang's JSON
+        reply."""
         kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, trace=trace, **sampling)
         if self.router is not None and not trace and "custom_params" not in sampling:
             self.counts["generate_router"] += 1
-            return self.router.generate(input_ids, **kwargs)
+            try:
+                return self.router.generate(input_ids, **kwargs)
+            except ServerUnavailableError as exc:  # the router is down: the workers still answer
+                self._failed_over(self.url, str(exc))
         self.counts["generate_direct"] += 1
         return self._on_workers(affinity_key(input_ids), lambda c: c.generate(input_ids, **kwargs), "/generate")
 
