@@ -639,6 +639,29 @@ def test_bench_serve_cli_end_to_end_on_fake_servers(tiny_target: Path, tmp_path:
     assert data["servers"]["specopd"]["url"] == spec_url and data["servers"]["baseline"]["launched"] is False
 
 
+def test_bench_serve_api_generate_streams_sglangs_native_route(tiny_target: Path, tmp_path: Path) -> None:
+    """--api generate (what a fleet's router needs): every request on /generate with token ids, same statistics."""
+    from typer.testing import CliRunner
+
+    from sglang_specopd.app.cli import _register_subcommands, app
+
+    _register_subcommands()
+    out = tmp_path / "generate_fake.json"
+    fake = FakeServer(lambda n: "ok")
+    with fake_server(fake) as url:
+        base = ["bench", "serve", "--server", url, "--tokenizer", str(tiny_target), "--domains", "math", "--limit",
+                "2", "--concurrency", "2", "--max-new-tokens", "10", "--out", str(out)]
+        res = CliRunner().invoke(app, [*base, "--api", "generate"])
+        bad = CliRunner().invoke(app, [*base, "--api", "chat"])
+    assert res.exit_code == 0, res.output
+    assert bad.exit_code == 2 and "--api must be completions or generate" in bad.output
+    data = json.loads(out.read_text())
+    assert data["endpoint"] == "/generate (stream, meta_info)"
+    assert all("input_ids" in b and "prompt" not in b for b in fake.bodies) and len(fake.bodies) == 1 + 2
+    lv = data["levels"][0]["specopd"]
+    assert lv["completed"] == 2 and lv["mean_acceptance_length"] == pytest.approx(10 / 3)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Live: tiny SPECOPD + plain servers launched by the benchmark itself
 # ----------------------------------------------------------------------------------------------------------------

@@ -85,17 +85,35 @@ def test_rendezvous_order_is_stable_spreads_evenly_and_moves_only_a_leaving_work
     assert all(rendezvous_order(k, URLS)[1] == b for k, a, b in zip(keys, firsts, without) if a == "http://w1")
 
 
+def bounded(rs, urls=URLS):
+    """The assignment score_trees makes: each reference to the first worker of its rendezvous order with fewer than
+    ceil(len(rs) / len(urls)) references of this call."""
+    cap, load, out = -(-len(rs) // len(urls)), {u: 0 for u in urls}, []
+    for r in rs:
+        pick = next(u for u in rendezvous_order(affinity_key(r), urls) if load[u] < cap)
+        load[pick] += 1
+        out.append(pick)
+    return out
+
+
 def test_score_trees_sends_each_reference_to_its_worker_and_answers_in_request_order():
     client, w = fleet()
     rs = refs(30, seed=2)
     out = client.score_trees(request(rs))
     assert [o.ids for o in out] == [tuple(r) for r in rs]
-    want = [rendezvous_order(affinity_key(r), URLS)[0] for r in rs]
-    assert [o.worker for o in out] == want and len(set(want)) == 3
+    want = bounded(rs)
+    first = [rendezvous_order(affinity_key(r), URLS)[0] for r in rs]
+    assert [o.worker for o in out] == want and sorted(want.count(u) for u in URLS) == [10, 10, 10]
+    assert sum(a == b for a, b in zip(want, first)) >= 20  # affinity kept for most references
     assert all(len(w[u].scored) == 1 for u in URLS)  # one call per worker, in parallel
-    again = client.score_trees(request(rs[::-1]))  # the same references, another call: the same workers
-    assert [o.worker for o in again] == want[::-1]
+    again = client.score_trees(request(rs))  # the same call again: the same workers
+    assert [o.worker for o in again] == want
     assert client.counts["references"] == {u: 2 * want.count(u) for u in URLS}
+    pairs = [refs(2, seed=s) for s in range(40)]  # two references, two workers: never both on one
+    two, _ = fleet(urls=URLS[:2])
+    assert all(len({o.worker for o in two.score_trees(request(p))}) == 2 for p in pairs)
+    assert [o.worker for o in two.score_trees(request(pairs[0][:1]))] == [
+        rendezvous_order(affinity_key(pairs[0][0]), URLS[:2])[0]]  # one reference: its own worker
 
 
 def test_a_worker_that_drops_out_is_replaced_by_the_next_in_each_references_order():
@@ -104,17 +122,14 @@ def test_a_worker_that_drops_out_is_replaced_by_the_next_in_each_references_orde
     w["http://w1"].down = True
     out = client.score_trees(request(rs))
     assert [o.ids for o in out] == [tuple(r) for r in rs]  # nothing lost
-    for r, o in zip(rs, out):
-        order = rendezvous_order(affinity_key(r), URLS)
-        assert o.worker == (order[1] if order[0] == "http://w1" else order[0])
+    assert {o.worker for o in out} == {"http://w0", "http://w2"}
     assert client.counts["failovers"] == 1 and client.health.failures == {"http://w1": 1}
     calls = len(w["http://w1"].scored)
     client.score_trees(request(rs))  # w1 cools down: the others take its references without asking it first
     assert client.counts["failovers"] == 1 and len(w["http://w1"].scored) == calls
     w["http://w1"].down = False
     client.health.mark_up("http://w1")  # it answers again (or its cooldown ended): its references come back
-    assert [o.worker for o in client.score_trees(request(rs))] == [
-        rendezvous_order(affinity_key(r), URLS)[0] for r in rs]
+    assert [o.worker for o in client.score_trees(request(rs))] == bounded(rs)
 
 
 def test_ranks_split_the_workers_and_fall_back_on_the_others_only_when_theirs_fail():
@@ -165,6 +180,10 @@ def test_generation_goes_through_the_router_unless_it_needs_custom_params():
     w[first].down = True  # a direct request fails over too
     out = client.generate([5, 6, 7], max_new_tokens=4, trace=True)
     assert out["meta_info"]["served_by"] == rendezvous_order(affinity_key([5, 6, 7]), URLS)[1]
+    w["http://router"].down = True  # the router down: plain generation goes to the workers directly
+    failovers = client.counts["failovers"]
+    out = client.generate([8, 9], max_new_tokens=4)
+    assert out["meta_info"]["served_by"] in URLS and client.counts["failovers"] == failovers + 1
     no_router, w2 = fleet()
     no_router.generate([1], max_new_tokens=2)
     assert sum(len(fw.generated) for fw in w2.values()) == 1
@@ -257,9 +276,18 @@ def test_where_the_cli_finds_one_server_or_a_fleet(tmp_path):
     assert resolve_endpoints("http://s:1/", None, None, None) == Endpoints(server="http://s:1")
     ends = resolve_endpoints(None, "http://a:1, http://b:2/,http://a:1", "http://r:0", None)
     assert ends == Endpoints(workers=("http://a:1", "http://b:2"), router="http://r:0") and ends.is_fleet
+    listed = lambda url, key: ["http://127.0.0.1:31/", "http://127.0.0.1:32"]  # noqa: E731
+    assert resolve_endpoints(None, None, "http://r:0/", None, "k", list_workers=listed) == Endpoints(
+        workers=("http://127.0.0.1:31", "http://127.0.0.1:32"), router="http://r:0")
+
+    def unreachable(url, key):
+        raise ValueError(f"the router at {url} does not answer: ConnectError")
+
+    with pytest.raises(_TrainFail, match="cannot find the fleet's workers through --router: the router at http://r:0"):
+        resolve_endpoints(None, None, "http://r:0", None, list_workers=unreachable)
     for args, needle in [((None, None, None, None), "name the server(s) once"),
                          (("http://s", "http://a", None, None), "got --server and --workers"),
-                         (("http://s", None, "http://r", None), "--router goes with --workers"),
+                         (("http://s", None, "http://r", None), "--server is one server; a fleet.s router goes alone"),
                          ((None, "a:1", None, None), "bad option --workers: 'a:1' is not an http(s) URL"),
                          ((None, None, None, tmp_path / "none"), "no fleet in")]:
         with pytest.raises(_TrainFail, match=needle.replace("(", r"\(").replace(")", r"\)")):

@@ -144,6 +144,25 @@ def test_generate_and_chat_through_the_router(fleet) -> None:
     assert direct.json()["choices"][0]["meta_info"]["specopd_drafter_versions"] == ["initial"]
     # the plugin's own routes are the workers' business: the router does not forward them
     assert httpx.get(url + "/specopd/drafter", timeout=30).status_code == 404
+    # ... but it lists its workers, which is how `specopd train --router URL` alone finds them
+    from sglang_specopd.app.fleet_router import router_workers
+
+    assert sorted(router_workers(url)) == sorted(fleet["state"].worker_urls)
+
+
+def test_the_benchmark_client_streams_through_the_router_on_generate(fleet) -> None:
+    from sglang_specopd.app.bench.client import BenchPrompt, RequestParams, run_level
+
+    url = fleet["state"].router_url
+    prompts = [BenchPrompt(f"p{i}", "dialogue", tuple(range(20, 30 + i))) for i in range(2)]
+    run = run_level(url, prompts, 2, RequestParams(max_new_tokens=6, ignore_eos=True), timeout_s=120, api="generate")
+    for rec in run.records:
+        assert rec.ok and rec.completion_tokens == 6 and sum(rec.chunk_tokens) == 6, rec
+        assert rec.verify_ct >= 1 and rec.finish_reason == "length" and rec.prompt_tokens == len(prompts[0].prompt_ids) \
+            + (rec.id == "p1")
+    # the router's /v1/completions takes no token-id prompt (docs/fleet.md): the OpenAI-route client cannot use it
+    bad = run_level(url, prompts[:1], 1, RequestParams(max_new_tokens=4), timeout_s=60)
+    assert not bad.records[0].ok and "HTTP 4" in bad.records[0].error
 
 
 def test_status_shows_both_workers_healthy_on_one_version_with_their_spools(fleet) -> None:

@@ -106,3 +106,33 @@ def test_the_retry_gives_up_after_its_budget_and_a_refusal_ends_the_run(session)
     w[W1].down, w[W1].refuse = False, "refused: the drafter's block_size differs"
     with pytest.raises(_TrainFail, match="push refused: every worker kept its drafter"):
         push(20, FakeDrafter(20))
+
+
+def test_a_stage_answered_with_5xx_is_a_refusal_not_a_worker_down(session):
+    from sglang_specopd.app.train_options import _TrainFail
+    from specopd_trainer.fleet_worker import Step
+
+    sess, w, _ = session
+    versions = []
+    push = sess.pusher("specopd-run", versions)
+    w[W1].stage = lambda txn, update, ttl_s: Step(False, error="HTTP 503: the drafter does not fit", status=503)
+    with pytest.raises(_TrainFail, match="push refused: every worker kept its drafter .* does not fit"):
+        push(4, FakeDrafter(4))
+    assert sess.deferred is None and [w[u].version for u in (W0, W1)] == ["initial", "initial"]
+
+
+def test_a_worker_call_keeps_the_http_status_of_its_failure():
+    from specopd_trainer.client import ServerRequestError, ServerUnavailableError
+    from specopd_trainer.fleet_worker import _step
+
+    def raising(exc):
+        def call():
+            raise exc
+        return call
+
+    assert _step(lambda: {"ok": 1}).reply == {"ok": 1}
+    assert _step(raising(ServerUnavailableError("connection refused"))).status is None
+    assert _step(raising(ServerUnavailableError("HTTP 503: full", 503))).status == 503
+    assert _step(raising(ServerRequestError(409, "conflict"))).status == 409
+    bad = _step(raising(ValueError("1 validation error for StageReply")))
+    assert not bad.ok and bad.status == 502 and bad.error.startswith("malformed reply: 1 validation error")

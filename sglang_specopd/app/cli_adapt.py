@@ -90,7 +90,7 @@ def run_adapt(*, server: Optional[str], admin_key: Optional[str], api_key: Optio
     from specopd_trainer.adapt.loop import AdaptError, Adapter
 
     cfg = _config(AdaptConfig, {}, {**fields, "algorithm_options": _parse_sets(set_)})
-    ends = resolve_endpoints(server, workers, router, fleet_run_dir)
+    ends = resolve_endpoints(server, workers, router, fleet_run_dir, api_key)
     say = lambda msg: typer.echo(msg, err=True)  # noqa: E731
     if not admin_key:
         raise _TrainFail("specopd adapt reads the server's traffic and pushes drafters: pass --admin-key (or "

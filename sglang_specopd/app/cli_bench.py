@@ -61,6 +61,9 @@ def serve(
     baseline_api_key: Optional[str] = typer.Option(None, "--baseline-api-key", help="Default: --api-key."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the result JSON here."),
     log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="With --launch: SGLang logs (default: temp)."),
+    api: str = typer.Option("completions", "--api", help="Streaming route: completions (/v1/completions) or "
+                            "generate (SGLang's /generate: the one to use through sglang-router, whose "
+                            "/v1/completions takes no token-id prompt)."),
 ) -> None:
     """Throughput, TTFT/ITL percentiles and acceptance per concurrency level, speculative vs plain server."""
     from sglang_specopd.app.bench import BenchError
@@ -75,6 +78,8 @@ def serve(
 
     if (server is None) == (launch is None):
         _fail("give exactly one of --server URL and --launch CONFIG", 2)
+    if api not in ("completions", "generate"):
+        _fail(f"--api must be completions or generate, got {api!r}", 2)
     if baseline_server is not None and launch_baseline:
         _fail("give at most one of --baseline-server URL and --launch-baseline", 2)
     if launch_baseline and launch is None:
@@ -104,7 +109,7 @@ def serve(
             typer.echo(f"{len(prompts)} prompts ({', '.join(names)}), levels {levels}, "
                        f"{max_new_tokens} new tokens, T={temperature:g}", err=True)
             payload = run_benchmark(servers, prompts, levels, params, timeout_s=request_timeout,
-                                    say=lambda m: typer.echo(m, err=True))
+                                    say=lambda m: typer.echo(m, err=True), api=api)
     except (ConfigError, DataError) as exc:
         _fail(str(exc), 2)
     except (ServeError, BenchError, EvaluationError) as exc:

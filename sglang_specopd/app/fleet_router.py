@@ -3,6 +3,8 @@ Rust load balancer) in its own session, health-checked through its ``/readiness`
 
 ``/readiness`` answers ``{"status": "ready", "healthy_workers": H, "total_workers": T}`` (200) once the router has
 registered healthy workers; :meth:`RouterProcess.start` waits until all the fleet's workers are healthy there.
+``GET /workers`` lists the workers it routes to (:func:`router_workers`: how a trainer given only the router's URL
+finds them).
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 from sglang_specopd.app.fleet_plan import FleetError, RouterSpec, router_argv
 from sglang_specopd.app.launch_cleanup import make_private_tmpdir, remove_tree, stop_process_group
 
 READINESS_PATH = "/readiness"
+WORKERS_PATH = "/workers"  # sglang-router's list of its workers (checked with 0.3.2)
 
 
 def router_readiness(url: str, timeout: float = 5.0) -> Optional[dict]:
@@ -34,6 +37,27 @@ def router_readiness(url: str, timeout: float = 5.0) -> Optional[dict]:
     if not isinstance(body, dict):
         body = {"reply": body}
     return {**body, "http_status": r.status_code}
+
+
+def router_workers(url: str, api_key: Optional[str] = None, timeout: float = 10.0) -> List[str]:
+    """The worker URLs sglang-router sends traffic to (its ``GET /workers``: ``{"workers": [{"url", ...}]}``), in
+    its order. Raises ValueError (with the reason) when the router does not answer or answers something else."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        r = httpx.get(url.rstrip("/") + WORKERS_PATH, headers=headers, timeout=timeout)
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        raise ValueError(f"the router at {url} does not answer: {type(exc).__name__}: {exc}") from None
+    try:
+        body = r.json() if r.status_code == 200 else None
+        urls = [str(w["url"]).rstrip("/") for w in body["workers"]]
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"GET {url}{WORKERS_PATH} did not list workers (HTTP {r.status_code}: {r.text[:200]}); is "
+                         "it an sglang-router?") from None
+    if not urls:
+        raise ValueError(f"the router at {url} has no worker")
+    return list(dict.fromkeys(urls))
 
 
 class RouterProcess:

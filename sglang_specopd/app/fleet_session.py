@@ -42,20 +42,32 @@ def _url(value: str, flag: str) -> str:
 
 
 def resolve_endpoints(server: Optional[str], workers: Optional[str], router: Optional[str],
-                      fleet_run_dir: Optional[Path]) -> Endpoints:
-    """The servers the options name. Exactly one of ``--server``, ``--workers``, ``--fleet-run-dir``; ``--router``
-    goes with ``--workers`` (with ``--fleet-run-dir`` it replaces the state file's router). Raises _TrainFail (exit
-    2) otherwise, or (exit 1) for a fleet run directory without a ready fleet."""
+                      fleet_run_dir: Optional[Path], api_key: Optional[str] = None,
+                      list_workers: Optional[Callable[[str, Optional[str]], List[str]]] = None) -> Endpoints:
+    """The servers the options name. Exactly one of ``--server``, ``--workers``, ``--fleet-run-dir``, or
+    ``--router`` alone (its workers are the ones the router lists: ``GET /workers``, ``list_workers(url, api_key)``,
+    default :func:`~sglang_specopd.app.fleet_router.router_workers`); ``--router`` also goes with ``--workers`` (with
+    ``--fleet-run-dir`` it replaces the state file's router). Raises _TrainFail (exit 2) otherwise, or (exit 1) for
+    a fleet run directory without a ready fleet or a router that lists no worker."""
     given = [flag for flag, v in (("--server", server), ("--workers", workers), ("--fleet-run-dir", fleet_run_dir))
              if v]
+    if not given and router:
+        from sglang_specopd.app.fleet_router import router_workers
+
+        url = _url(router, "--router")
+        try:
+            urls = (list_workers or router_workers)(url, api_key)
+        except ValueError as exc:
+            raise _TrainFail(f"cannot find the fleet's workers through --router: {exc}", 1) from None
+        return Endpoints(workers=tuple(_url(u, "the router's worker list") for u in urls), router=url)
     if len(given) != 1:
-        raise _TrainFail("name the server(s) once: --server URL (one server), --workers URL,URL [--router URL] (a "
-                         "fleet) or --fleet-run-dir DIR (a fleet started by `specopd fleet start`)"
-                         + (f"; got {' and '.join(given)}" if given else ""))
+        raise _TrainFail("name the server(s) once: --server URL (one server), --router URL (a fleet, its workers as "
+                         "the router lists them), --workers URL,URL [--router URL] or --fleet-run-dir DIR (a fleet "
+                         "started by `specopd fleet start`)" + (f"; got {' and '.join(given)}" if given else ""))
     if server:
         if router:
-            raise _TrainFail("--router goes with --workers or --fleet-run-dir (the router does not forward "
-                             "/specopd/*, so the trainer needs the workers' URLs too)")
+            raise _TrainFail("--server is one server; a fleet's router goes alone (--router URL: its workers as "
+                             "it lists them) or with --workers / --fleet-run-dir")
         return Endpoints(server=_url(server, "--server"))
     if workers:
         urls = tuple(dict.fromkeys(_url(u, "--workers") for u in workers.split(",") if u.strip()))
@@ -113,7 +125,7 @@ class FleetSession(_Session):
             self.info = self.client.drafter_info()
             try:
                 self.model_info = self.client.workers[self.url]._request("GET", "/model_info").json()
-            except ServerRequestError:
+            except (ServerRequestError, ValueError):  # no route, or not JSON: the target comes from --target
                 self.model_info = {}
         except FleetMismatchError as exc:
             raise _TrainFail(str(exc), 1) from None
@@ -200,8 +212,14 @@ class FleetSession(_Session):
             return
 
     def serving_version(self) -> str:
-        """The drafter version every worker serves, or ``mixed:<v1>|<v2>...`` when they differ."""
-        versions = sorted({str(v) for v in self.client.drafter_info()["versions"].values()})
+        """The drafter version every worker serves, ``mixed:<v1>|<v2>...`` when they differ, or ``unknown (...)``
+        when a worker does not answer (the run's summary must not fail on a worker that went down at the end)."""
+        from specopd_trainer.client import ServerError
+
+        try:
+            versions = sorted({str(v) for v in self.client.drafter_info()["versions"].values()})
+        except ServerError as exc:
+            return f"unknown ({str(exc)[:200]})"
         return versions[0] if len(versions) == 1 else "mixed:" + "|".join(versions)
 
     def check_traffic(self) -> None:

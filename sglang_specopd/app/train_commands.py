@@ -178,7 +178,7 @@ def run_algorithm(alg, *, options: Dict[str, Any], server: Optional[str], admin_
 
     cfg = _config(alg.make_config, {n: alg.flag(n) for n in alg.config.model_fields}, options)
     _parse_domains(data)  # fail on a bad --data before touching the server
-    ends = resolve_endpoints(server, workers, router, fleet_run_dir)
+    ends = resolve_endpoints(server, workers, router, fleet_run_dir, api_key)
     rank, world = dist_info()
     if world > 1 and not alg.distributed:
         raise _TrainFail(f"{alg.name} runs in a single process (not under torchrun)")

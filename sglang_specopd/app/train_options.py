@@ -55,7 +55,7 @@ def _describe(error: dict, flags: Mapping[str, str]) -> str:
 
 def _o_server():
     return typer.Option(None, "--server", help="URL of a running SPECOPD server (`specopd serve ...`); for a fleet "
-                                               "pass --workers or --fleet-run-dir instead.")
+                                               "pass --router, --workers or --fleet-run-dir instead.")
 
 
 def _o_workers():
@@ -64,8 +64,8 @@ def _o_workers():
 
 
 def _o_router():
-    return typer.Option(None, "--router", help="With --workers: the fleet's sglang-router URL (generation goes "
-                                               "through it).")
+    return typer.Option(None, "--router", help="A fleet's sglang-router URL: generation goes through it; alone, the "
+                                               "workers are the ones it lists (GET /workers).")
 
 
 def _o_fleet_run_dir():

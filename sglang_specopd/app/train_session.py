@@ -36,8 +36,8 @@ class _Session:
         except ServerRequestError as exc:
             if exc.status == 404:
                 raise _TrainFail(f"{self.url} is not a sglang-specopd server (GET {DRAFTER_INFO_PATH}: HTTP 404); "
-                                 "start one with `specopd serve` (a fleet's router: pass --fleet-run-dir DIR, or "
-                                 "--workers URL,URL --router URL)", 1) from None
+                                 "start one with `specopd serve` (a fleet's router: pass it as --router URL instead, "
+                                 "or --fleet-run-dir DIR, or --workers URL,URL)", 1) from None
             if exc.status in (401, 403):
                 raise _TrainFail(f"the server refused the API key (HTTP {exc.status}: {exc.reason}); pass its "
                                  "--api-key as --api-key or SPECOPD_API_KEY", 1) from None

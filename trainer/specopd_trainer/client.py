@@ -34,7 +34,12 @@ class ServerError(RuntimeError):
 
 
 class ServerUnavailableError(ServerError):
-    """The server could not be reached or kept failing after all retries."""
+    """The server could not be reached or kept failing after all retries. ``status``: the HTTP status (5xx) of the
+    last attempt, None when the last attempt got no HTTP answer (connection refused or reset, timeout)."""
+
+    def __init__(self, message: str, status: Optional[int] = None):
+        super().__init__(message)
+        self.status = status
 
 
 class ServerRequestError(ServerError):
@@ -142,12 +147,13 @@ class SpecOPDClient:
 
     def _request(self, method: str, path: str, **kwargs) -> httpx.Response:
         last: Optional[Exception] = None
+        last_status: Optional[int] = None
         attempt = busy = 0
         while True:
             try:
                 r = self._http.request(method, self.url + path, **kwargs)
             except httpx.TransportError as exc:
-                last = exc
+                last, last_status = exc, None
             else:
                 if r.status_code == 429:
                     wait = retry_after_seconds(r)
@@ -160,12 +166,13 @@ class SpecOPDClient:
                     if r.status_code >= 400:
                         raise ServerRequestError(r.status_code, _reason(r))
                     return r
-                last = ServerError(f"HTTP {r.status_code}: {r.text[:300]}")
+                last, last_status = ServerError(f"HTTP {r.status_code}: {r.text[:300]}"), r.status_code
             if attempt >= self.retries:
                 break
             time.sleep(self.backoff_s * 2**attempt)
             attempt += 1
-        raise ServerUnavailableError(f"{method} {self.url}{path} failed after {self.retries + 1} attempts: {last}")
+        raise ServerUnavailableError(f"{method} {self.url}{path} failed after {self.retries + 1} attempts: {last}",
+                                     last_status)
 
     def generate(self, input_ids: List[int], *, max_new_tokens: int, temperature: float = 0.0,
                  trace: bool = False, **sampling) -> Dict[str, Any]:

@@ -10,8 +10,10 @@ What goes where (docs/fleet.md, "Training against a fleet"):
   a worker directly. Direct requests pick their worker by rendezvous hashing of the prompt, with failover.
 * ``score_trees`` (the router answers 404 for ``/specopd/*``): the references of one call are split by worker, each
   reference to the first worker of its rendezvous order (:mod:`specopd_trainer.fleet_routing`, key: the
-  reference's token ids, so the worker that cached its prefix scores it again), the parts sent in parallel and
-  the answers put back in request order. A part whose worker drops out is re-split over the next workers of its
+  reference's token ids, so the worker that cached its prefix scores it again) that still has room in this call:
+  no worker takes more than ``ceil(references / workers up)`` of one call (bounded load: with 2 references and 2
+  workers, both would land on one worker in half of the calls and the call would take as long as on one worker).
+  The parts are sent in parallel and the answers put back in request order. A part whose worker drops out is re-split over the next workers of its
   references' orders: no reference is lost, the caller sees one answer.
 * traffic: every worker's spool is read with its own cursor (``traffic_page(..., worker=url)``, used by
   :class:`specopd_trainer.adapt.fleet_reader.FleetTrafficReader`; ``traffic`` for Draft-OPD from traffic), and
@@ -139,11 +141,15 @@ class FleetClient:
     def generate(self, input_ids: List[int], *, max_new_tokens: int, temperature: float = 0.0, trace: bool = False,
                  **sampling) -> Dict[str, Any]:
         """``/generate`` through the router, or on a worker directly when ``trace`` or ``custom_params`` is asked
-        for or there is no router (rendezvous on the prompt, failover). SGLang's JSON reply."""
+        for, there is no router, or the router does not answer (rendezvous on the prompt, failover). SGLang's JSON
+        reply."""
         kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, trace=trace, **sampling)
         if self.router is not None and not trace and "custom_params" not in sampling:
             self.counts["generate_router"] += 1
-            return self.router.generate(input_ids, **kwargs)
+            try:
+                return self.router.generate(input_ids, **kwargs)
+            except ServerUnavailableError as exc:  # the router is down: the workers still answer
+                self._failed_over(self.url, str(exc))
         self.counts["generate_direct"] += 1
         return self._on_workers(affinity_key(input_ids), lambda c: c.generate(input_ids, **kwargs), "/generate")
 
@@ -159,11 +165,14 @@ class FleetClient:
         errors: Dict[str, str] = {}
         while todo:
             parts: Dict[str, List[int]] = {}
+            up = [u for u in self.preferred if not self.health.is_down(u) and u not in errors] or self.worker_urls
+            cap = -(-len(todo) // len(up))  # bounded load: no worker takes more than its share of one call
             for i in todo:
                 left = [u for u in orders[i] if u not in tried[i]]
                 if not left:
                     raise FleetUnavailableError(f"score_trees (reference {i})", [(u, errors[u]) for u in orders[i]])
-                parts.setdefault(left[0], []).append(i)
+                pick = next((u for u in left if len(parts.get(u, ())) < cap), left[0])
+                parts.setdefault(pick, []).append(i)
 
             def send(item):
                 url, idx = item

@@ -36,11 +36,12 @@ class FleetPushError(ServerRequestError):
 
     @property
     def unreachable(self) -> bool:
-        """Every failed stage failed because its worker could not be reached or answered 5xx (a worker down or
-        restarting), none because a worker refused the drafter (4xx) or another transaction held the fleet (409):
-        the same push can succeed once the worker is back."""
+        """Every failed stage failed because its worker could not be reached (no HTTP answer: connection refused,
+        reset, timeout; a worker down or restarting), none because a worker answered with a refusal (4xx, 409:
+        another transaction holds the fleet) or an error (5xx, e.g. 503: the drafter does not fit): the same push
+        can succeed once the worker is back."""
         failed = [w.stage for w in self.report.workers if w.stage is not None and not w.stage.ok]
-        return bool(failed) and all(s.status is None or s.status >= 500 for s in failed)
+        return bool(failed) and all(s.status is None for s in failed)
 
 
 class FleetPusher:

@@ -22,7 +22,7 @@ from sglang_specopd.wire.rollout import (
     StageReply,
     check_txn_id,
 )
-from specopd_trainer.client import ServerError, ServerRequestError, SpecOPDClient
+from specopd_trainer.client import ServerError, ServerRequestError, ServerUnavailableError, SpecOPDClient
 
 VERSIONS_KEY = "specopd_drafter_versions"  # meta_info: the drafter versions that proposed for a response
 
@@ -67,12 +67,18 @@ class Step:
 
 
 def _step(call) -> Step:
+    """``call()`` as a Step: a 4xx keeps its status, a 5xx after the retries its last status, a worker that could not
+    be reached status None; a reply that is not the route's JSON is an error with status 502."""
     try:
         return Step(True, reply=call())
     except ServerRequestError as exc:
         return Step(False, error=exc.reason, status=exc.status)
-    except ServerError as exc:  # unreachable / 5xx after the retries
+    except ServerUnavailableError as exc:  # unreachable (status None) / 5xx after the retries
+        return Step(False, error=str(exc), status=exc.status)
+    except ServerError as exc:
         return Step(False, error=str(exc))
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError: a malformed reply
+        return Step(False, error=f"malformed reply: {str(exc)[:300]}", status=502)
 
 
 class WorkerAdmin:

@@ -103,7 +103,8 @@ def flush_cache(server: BenchServer) -> bool:
         return False
 
 
-def warm_up(server: BenchServer, prompt: BenchPrompt, *, attempts: int = 3, timeout_s: float = 600.0) -> RequestRecord:
+def warm_up(server: BenchServer, prompt: BenchPrompt, *, attempts: int = 3, timeout_s: float = 600.0,
+            api: str = "completions") -> RequestRecord:
     """One unmeasured greedy request of :data:`WARMUP_TOKENS` tokens (ignore_eos); checks the server's role.
 
     Raises:
@@ -112,7 +113,8 @@ def warm_up(server: BenchServer, prompt: BenchPrompt, *, attempts: int = 3, time
     """
     params = RequestParams(max_new_tokens=WARMUP_TOKENS, temperature=0.0, ignore_eos=True)
     for attempt in range(attempts):
-        rec = run_level(server.url, [prompt], 1, params, headers=server.headers(), timeout_s=timeout_s).records[0]
+        rec = run_level(server.url, [prompt], 1, params, headers=server.headers(), timeout_s=timeout_s,
+                        api=api).records[0]
         if rec.ok:
             break
         if attempt + 1 < attempts:
@@ -138,8 +140,9 @@ def _check_servers(servers: Sequence[BenchServer]) -> None:
 
 def run_benchmark(servers: Sequence[BenchServer], prompts: Sequence[BenchPrompt], levels: Sequence[int],
                   params: RequestParams, *, timeout_s: float = 600.0,
-                  say: Callable[[str], None] = print) -> Dict[str, Any]:
-    """Run every level on every server; return the result payload (without the common header).
+                  say: Callable[[str], None] = print, api: str = "completions") -> Dict[str, Any]:
+    """Run every level on every server; return the result payload (without the common header). ``api``: the
+    streaming route (:func:`client.run_level`; "generate" for a server behind sglang-router).
 
     Returns ``{"levels": [{"concurrency", "order", "specopd": summary, "baseline": summary, "speedup"}],
     "acceptance": pooled over levels, "servers": {role: provenance + server_info}, "prompts", ...}``; each
@@ -160,7 +163,7 @@ def run_benchmark(servers: Sequence[BenchServer], prompts: Sequence[BenchPrompt]
         raise BenchError(f"the servers run different targets: {sorted(paths)}")
     block = info[SPEC].get("block_size")
     for s in servers:
-        rec = warm_up(s, prompts[0], timeout_s=timeout_s)
+        rec = warm_up(s, prompts[0], timeout_s=timeout_s, api=api)
         say(f"{s.role}: warm-up ok ({rec.completion_tokens} tokens in {rec.latency_s:.1f} s)")
     out_levels: List[Dict[str, Any]] = []
     spec_records: List[RequestRecord] = []
@@ -170,7 +173,7 @@ def run_benchmark(servers: Sequence[BenchServer], prompts: Sequence[BenchPrompt]
         entry: Dict[str, Any] = {"concurrency": int(conc), "order": [s.role for s in order]}
         for s in order:
             flushed = flush_cache(s)
-            run = run_level(s.url, prompts, int(conc), params, headers=s.headers(), timeout_s=timeout_s)
+            run = run_level(s.url, prompts, int(conc), params, headers=s.headers(), timeout_s=timeout_s, api=api)
             summary = summarize_level(run.records, run.duration_s, speculative=s.role == SPEC, block_size=block)
             summary["cache_flushed"] = flushed
             summary["per_request"] = [asdict(r) for r in run.records]
@@ -185,7 +188,8 @@ def run_benchmark(servers: Sequence[BenchServer], prompts: Sequence[BenchPrompt]
             entry["speedup"] = speedup(entry[SPEC], entry[BASE])
         out_levels.append(entry)
     return {
-        "endpoint": "/v1/completions (stream, continuous_usage_stats, return_spec_tokens_details)",
+        "endpoint": ("/generate (stream, meta_info)" if api == "generate" else
+                     "/v1/completions (stream, continuous_usage_stats, return_spec_tokens_details)"),
         "levels": out_levels, "acceptance": acceptance(spec_records, block),
         "servers": {s.role: {**asdict(s), "api_key": None, "admin_api_key": None, "server_info": info[s.role]}
                     for s in servers},
