@@ -128,6 +128,9 @@ def headline_rows(results: Mapping[str, Mapping[str, Any]]) -> List[Row]:
                         ("tree_scoring_qsa_cpu.json", "sparse-linear QSA-GDN target")):
         if isinstance(results.get(name), Mapping):
             rows += _tree(name, results[name], label)
+    from sglang_specopd.app.bench.report_fleet import fleet_headline
+
+    rows += fleet_headline(results)
     if isinstance(results.get("kernels_gpu.json"), Mapping):
         rows += _kernels("kernels_gpu.json", results["kernels_gpu.json"])
     return rows
