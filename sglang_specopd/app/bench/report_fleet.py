@@ -10,6 +10,7 @@ from sglang_specopd.app.bench.report_sections import _f, _num
 
 Row = Tuple[str, str, str]
 FILE = "fleet_smollm2_cpu.json"
+FILES = (FILE, "fleet_c16_smollm2_cpu.json")  # the sweep; a rerun at concurrency 16 (items only)
 
 
 def _ratio(value: Any, ci: Any) -> str:
@@ -51,7 +52,8 @@ def fleet_item(name: str, data: Mapping[str, Any]) -> List[str]:
         parts.append(f"{ro.get('committed')}/{ro.get('rollouts')} rollouts under load committed (stage "
                      f"{_f(ro.get('stage_s'), 2)} s, commit {_f(ro.get('commit_s'), 2)} s), "
                      f"{ro.get('stale_after_commit', 0) + ro.get('mixed_version_responses', 0)} stale or mixed "
-                     f"responses after a commit, {ro.get('errors_5xx')} 5xx")
+                     f"responses after a commit (checked against `{ro.get('initial_version')}` before the first), "
+                     f"{ro.get('errors_5xx')} 5xx")
     fl = data.get("floors") or {}
     if fl.get("kill_old_drafter_answers_after_commit") is not None:
         parts.append(f"kill -9 at a stage / commit: {fl['kill_old_drafter_answers_after_commit']} old-drafter answers "

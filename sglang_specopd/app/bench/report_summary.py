@@ -316,10 +316,10 @@ def results_summary(results: Mapping[str, Mapping[str, Any]], results_dir: str =
     if "kernels_gpu.json" in results:
         items += _kernels("kernels_gpu.json", results["kernels_gpu.json"])
     from sglang_specopd.app.bench.report_adapt import main_job_item, traffic_shift_item
-    from sglang_specopd.app.bench.report_fleet import fleet_item
+    from sglang_specopd.app.bench.report_fleet import FILES, fleet_item
 
     for name, fn in (("main_job_smollm2_cpu.json", main_job_item),
-                     ("traffic_shift_smollm2_cpu.json", traffic_shift_item), ("fleet_smollm2_cpu.json", fleet_item)):
+                     ("traffic_shift_smollm2_cpu.json", traffic_shift_item), *((f, fleet_item) for f in FILES)):
         if isinstance(results.get(name), Mapping):
             items += fn(name, results[name])
     return lines + (items or ["No result file yet."])
