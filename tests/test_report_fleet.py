@@ -34,3 +34,12 @@ def test_fleet_item_and_headline_agree():
     assert "0 stale or mixed responses after a commit" in item and "kill -9 during training: lost steps 0" in item
     data["scaling"] = [s for s in data["scaling"] if s["workers"] == 3]
     assert fleet_item(FILE, data) == [] and fleet_headline({FILE: data}) == [] and fleet_headline({}) == []
+
+
+def test_the_headline_takes_the_rerun_when_present():
+    from sglang_specopd.app.bench.report_fleet import FILE, FILES, fleet_headline
+
+    rerun = _payload()
+    rerun["scaling"] = [s for s in rerun["scaling"] if s["concurrency"] == 16]
+    [(what, value, name)] = fleet_headline({FILE: _payload(), FILES[1]: rerun})
+    assert name == FILES[1] and value == "c=16 1.62x [1.50, 1.70]; 1.56x [1.40, 1.70]"

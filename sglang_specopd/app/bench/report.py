@@ -37,7 +37,8 @@ OPTIONAL_FILES = ("cpu_dtype_cpu.json", "cpu_attention_smollm2_cpu.json", "refer
                   "reference_drafter_smollm2_cpu.json", "tree_scoring_gdn_cpu.json", "tree_scoring_qsa_cpu.json",
                   "draft_opd_live_traffic_smollm2_cpu.json", "verify_cost_smollm2_cpu.json",
                   "draft_opd_smollm2_cpu.json", "drafter_archs_smollm2_cpu.json",
-                  "main_job_smollm2_cpu.json", "traffic_shift_smollm2_cpu.json")
+                  "main_job_smollm2_cpu.json", "traffic_shift_smollm2_cpu.json", "fleet_smollm2_cpu.json",
+                  "fleet_c16_smollm2_cpu.json")
 CONCURRENCY_GLOB = "concurrency_*.json"
 SWEEP_GLOB = "specopd_sweep*_smollm2_cpu.json"
 # Draft-OPD comparisons beside the main one: the LR sweep on validation prompts and held-out runs at another LR

@@ -67,17 +67,18 @@ def fleet_item(name: str, data: Mapping[str, Any]) -> List[str]:
 
 
 def fleet_headline(results: Mapping[str, Mapping[str, Any]]) -> List[Row]:
-    """The headline row, when the file is present."""
-    data = results.get(FILE)
-    if not isinstance(data, Mapping) or not _scaling(data):
+    """The headline row from the newest of :data:`FILES` present (the rerun, else the sweep)."""
+    name = next((f for f in reversed(FILES) if isinstance(results.get(f), Mapping) and _scaling(results[f])), None)
+    if name is None:
         return []
+    data = results[name]
     scaling = _scaling(data)
-    lo, hi = scaling[0], scaling[-1]
-    value = (f"c={lo['concurrency']} {_ratio(lo.get('throughput_ratio'), lo.get('throughput_ratio_ci95'))}, "
-             f"c={hi['concurrency']} {_ratio(hi.get('throughput_ratio'), hi.get('throughput_ratio_ci95'))}")
+    ends = [scaling[0]] + ([scaling[-1]] if len(scaling) > 1 else [])
+    value = ", ".join(f"c={s['concurrency']} {_ratio(s.get('throughput_ratio'), s.get('throughput_ratio_ci95'))}"
+                      for s in ends)
     train = _training_ratio(data)
     what = "Fleet: 2 workers vs 1 (one core each) behind sglang-router, output tokens/s"
     if train:
         what += "; SpecOPD supervised tokens/s"
         value += f"; {train}"
-    return [(what, value, FILE)]
+    return [(what, value, name)]
