@@ -225,6 +225,10 @@ def run_arm(args, n: int, cores: List[int], drafter: str, admin: str, params, pr
 
 def main(argv=None) -> int:
     args = parse(argv)
+    import signal
+
+    if argv is None:  # run as a script: SIGTERM unwinds like Ctrl-C (the fleets' context managers stop every
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # worker and router it started)
     from concurrency_reference import shipped_reference
     from fleetbench.plot import plot
 
