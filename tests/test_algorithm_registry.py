@@ -89,6 +89,9 @@ class FakeSession:
 
         return push if self.push_enabled else None
 
+    def finish_pushes(self, drafter, versions):
+        SEEN["finished_pushes"] = list(versions)
+
     def serving_version(self):
         return "served"
 

@@ -24,6 +24,10 @@ def ops(monkeypatch):
     drafter_txn.reset()
     installs = []
     worker = SimpleNamespace(draft_model=torch.nn.Linear(2, 2))
+    from sglang_specopd.server import target_identity
+
+    # the fake scheduler has no server_args: GET /specopd/drafter's target field comes from a stand-in
+    monkeypatch.setattr(target_identity, "target_identity", lambda scheduler: {"fingerprint": "sha256:0", "dtype": "x"})
     monkeypatch.setitem(hot_swap._STATE, "version", "initial")
     monkeypatch.setitem(hot_swap._STATE, "swaps", 0)
 
