@@ -284,9 +284,16 @@ def test_parse_body_in_a_thread_leaves_the_event_loop_free() -> None:
         task.cancel()
         return max(gaps), total
 
-    gap, total = asyncio.run(max_gap(lambda: parse_body(body, binary=False)))
-    assert total > 0.2, "the body parses too fast to tell: make it larger"
-    assert gap < 0.25 * total, (gap, total)
+    # up to 3 tries: on a loaded machine (another test worker starting servers) the OS alone can stall the loop
+    # once for 0.3 s; a parse that holds the GIL stalls it for the whole parse every time
+    tries = []
+    for _ in range(3):
+        gap, total = asyncio.run(max_gap(lambda: parse_body(body, binary=False)))
+        assert total > 0.2, "the body parses too fast to tell: make it larger"
+        tries.append((gap, total))
+        if gap < 0.25 * total:
+            break
+    assert min(g / t for g, t in tries) < 0.25, tries
 
 
 class _Replies:
