@@ -107,16 +107,14 @@ class FleetSession(_Session):
                  target: Optional[str], *, need_push: bool, say: Callable[[str], None]):
         from specopd_trainer.client import ServerRequestError, ServerUnavailableError
         from specopd_trainer.fleet_check import FleetMismatchError
-        from specopd_trainer.fleet_client import FleetClient
+        from specopd_trainer.fleet_client import FleetClient, rank_share
+        from specopd_trainer.loops.common import dist_info
 
         self.workers, self.router = list(ends.workers), ends.router
         self.url = self.workers[0]  # asked for its model_info and (admin) its start-up drafter's path
         self.where = f"fleet of {len(self.workers)} worker(s) " + (f"behind {self.router}" if self.router else
                                                                    f"({', '.join(self.workers)})")
         self.api_key, self.admin_key = api_key, admin_key or None
-        from specopd_trainer.fleet_client import rank_share
-        from specopd_trainer.loops.common import dist_info
-
         rank, world = dist_info()  # under torchrun the ranks split the workers (each falls back on the others)
         self.client = FleetClient(self.workers, router=self.router, api_key=api_key, admin_api_key=self.admin_key,
                                   preferred=rank_share(self.workers, rank, world) if world > 1 else None)
@@ -144,7 +142,7 @@ class FleetSession(_Session):
         if need_push and not self.push_enabled:
             raise _TrainFail(f"this method pushes the drafter into the fleet: pass --admin-key (or {ADMIN_KEY_ENV}) "
                              "with the workers' --admin-api-key")
-        self._pusher, self.say, self.deferred = None, say, None
+        self._pusher, self.say = None, say
         if self.push_enabled:
             for url in self.workers:
                 self._check_push_at(url)
@@ -159,30 +157,20 @@ class FleetSession(_Session):
         ServerRequestError) when it was aborted (every worker keeps its drafter)."""
         self._pusher(drafter, version)
 
-    def pusher(self, prefix: str, versions: List[str]):
-        """``push(step, drafter)`` for the training loops: one transaction to ``PREFIX-step<N>``. A push aborted
-        only because a worker was down (:attr:`FleetPushError.unreachable`: every worker keeps its drafter) is
-        deferred, not fatal: training goes on, the next push (or :meth:`finish_pushes`) tries again. A refusal
-        (4xx, 409: another trainer's transaction) ends the run (:class:`_TrainFail`, exit 1; the training state is
-        checkpointed)."""
+    KEPT = "every worker kept its drafter"
+
+    def _defer_push(self, exc: Exception, version: str) -> bool:
+        """A push aborted only because a worker was down (:attr:`FleetPushError.unreachable`: every worker keeps
+        its drafter) is deferred, not fatal: training goes on, the next push (or :meth:`finish_pushes`) tries
+        again. A refusal (4xx, 409: another trainer's transaction, a 5xx answer) ends the run as on one server."""
         from specopd_trainer.fleet_push import FleetPushError
 
-        def push(step: int, drafter) -> None:
-            version = f"{prefix}-step{step}"
-            try:
-                self.push(drafter, version)
-            except FleetPushError as exc:
-                if not exc.unreachable:
-                    raise _TrainFail(f"push refused: every worker kept its drafter ({exc}); the training state is "
-                                     "checkpointed, rerun the same command to resume", 1) from None
-                self.deferred = version
-                self.say(f"warning: push of {version} deferred, a worker is down ({exc}); training goes on, the "
-                         "next push tries again")
-                return
-            self.deferred = None
-            versions.append(version)
-
-        return push if self.push_enabled else None
+        if not (isinstance(exc, FleetPushError) and exc.unreachable):
+            return False
+        self.deferred = version
+        self.say(f"warning: push of {version} deferred, a worker is down ({exc}); training goes on, the next push "
+                 "tries again")
+        return True
 
     def finish_pushes(self, drafter, versions: List[str], *, retry_s: float = 300.0, gap_s: float = 10.0,
                       sleep: Callable[[float], None] = time.sleep,

@@ -14,6 +14,9 @@ from sglang_specopd.app.train_options import ADMIN_KEY_ENV, _TrainFail
 class _Session:
     """What every ``specopd train`` command needs: the server, its drafter, target, tokenizer, initial drafter."""
 
+    KEPT = "the server kept serving its old drafter"  # what a refused push leaves (the run's error says it)
+    deferred: Optional[str] = None  # a push version put off for later (fleets: :meth:`_defer_push`)
+
     def __init__(self, server: str, api_key: Optional[str], admin_key: Optional[str], init: Optional[Path],
                  target: Optional[str], *, need_push: bool, say: Callable[[str], None]):
         import httpx
@@ -189,11 +192,19 @@ class _Session:
             try:
                 self.push(drafter, version)
             except ServerRequestError as exc:
-                raise _TrainFail(f"push refused: the server kept serving its old drafter ({exc}); the training "
-                                 "state is checkpointed, rerun the same command to resume", 1) from None
+                if self._defer_push(exc, version):
+                    return
+                raise _TrainFail(f"push refused: {self.KEPT} ({exc}); the training state is checkpointed, rerun "
+                                 "the same command to resume", 1) from None
+            self.deferred = None
             versions.append(version)
 
         return push if self.push_enabled else None
+
+    def _defer_push(self, exc: Exception, version: str) -> bool:
+        """Whether the failed push of ``version`` is put off (True) rather than ending the run: never for one
+        server, where a failed push is a refusal."""
+        return False
 
     def finish_pushes(self, drafter, versions: List[str]) -> None:
         """End of a run: nothing to retry against one server (a refused push already ended the run)."""
