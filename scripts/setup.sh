@@ -8,7 +8,7 @@ if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv" >&2
   "$PY" -m venv .venv
 fi
-if ! .venv/bin/python -c "import sglang, sglang_specopd, sglang_router, pytest, hypothesis, xdist" 2>/dev/null \
+if ! .venv/bin/python -c "import sglang, sglang_specopd, sglang_router, pytest, hypothesis, xdist, pytest_randomly" 2>/dev/null \
    || [ pyproject.toml -nt .venv/.specopd-installed ]; then
   echo "[setup] installing sglang-specopd (first time: ~5 min, ~11 GB for the pinned SGLang stack)" >&2
   .venv/bin/python -m pip install -q --upgrade pip

@@ -98,10 +98,13 @@ class FakeSession:
 
 @pytest.fixture()
 def no_server(monkeypatch):
+    import sglang_specopd.app.fleet_session as fs
     import sglang_specopd.app.train_data as td
-    import sglang_specopd.app.train_session as ts
 
-    monkeypatch.setattr(ts, "_Session", FakeSession)
+    # the session factory is replaced, never train_session._Session itself: FleetSession subclasses that class when
+    # fleet_session is first imported, and a fake base class would stay in it for the rest of the process
+    monkeypatch.setattr(fs, "open_session",
+                        lambda ends, *a, **kw: FakeSession(ends.server or ",".join(ends.workers), *a, **kw))
     monkeypatch.setattr(td, "_load_prompts", lambda sess, data, *, per_domain, max_prompt_tokens: [[1, 2], [3]])
 
 

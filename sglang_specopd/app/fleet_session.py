@@ -91,12 +91,12 @@ def resolve_endpoints(server: Optional[str], workers: Optional[str], router: Opt
 
 def open_session(ends: Endpoints, api_key: Optional[str], admin_key: Optional[str], init: Optional[Path],
                  target: Optional[str], *, need_push: bool, say: Callable[[str], None]) -> _Session:
-    """The session for ``ends``: :class:`_Session` for one server, :class:`FleetSession` for a fleet."""
-    from sglang_specopd.app import train_session  # looked up now: tests stand a fake _Session in
-
+    """The session for ``ends``: :class:`_Session` for one server, :class:`FleetSession` for a fleet. (Callers
+    import this function when they run, so tests replace it, never the :class:`_Session` class that
+    :class:`FleetSession` subclasses.)"""
     if ends.is_fleet:
         return FleetSession(ends, api_key, admin_key, init, target, need_push=need_push, say=say)
-    return train_session._Session(ends.server, api_key, admin_key, init, target, need_push=need_push, say=say)
+    return _Session(ends.server, api_key, admin_key, init, target, need_push=need_push, say=say)
 
 
 class FleetSession(_Session):
