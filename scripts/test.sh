@@ -23,4 +23,14 @@ xdist=()
 if [ "$workers" != "0" ]; then
   xdist=(-n "$workers" --dist loadgroup)
 fi
-exec .venv/bin/python -m pytest -q --durations=20 ${xdist[@]+"${xdist[@]}"} ${quick[@]+"${quick[@]}"} "$@"
+# Every run in a random order (pytest-randomly: modules shuffled, tests shuffled within each module; the modules
+# that share a server still run one after another, tests/_servers.py). The seed is printed first and last; replay
+# an order with SPECOPD_TEST_SEED=N, or run in file order with `-p no:randomly` (docs/testing.md).
+order=()
+case " $* " in
+  *" no:randomly "*|*"-p no:randomly"*) echo "[test] file order (-p no:randomly)" >&2 ;;
+  *) seed=${SPECOPD_TEST_SEED:-$(( (RANDOM << 15 | RANDOM) ))}
+     echo "[test] random order, seed $seed (replay: SPECOPD_TEST_SEED=$seed bash scripts/test.sh ...)" >&2
+     order=(-p randomly "--randomly-seed=$seed") ;;
+esac
+exec .venv/bin/python -m pytest -q --durations=30 ${xdist[@]+"${xdist[@]}"} ${order[@]+"${order[@]}"} ${quick[@]+"${quick[@]}"} "$@"

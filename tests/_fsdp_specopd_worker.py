@@ -1,5 +1,5 @@
 """torchrun worker for tests/test_trainer_fsdp.py (2 CPU processes, gloo): SpecOPD under FSDP2 against the
-stand-in scorer of tests/test_specopd_step.py (rows depend only on the request, so a resumed run sees the rows an
+stand-in scorer of tests/fakes/scorers.py (rows depend only on the request, so a resumed run sees the rows an
 uninterrupted one saw). ``OUT/straight``: 6 steps, pushing every 2 (the pushed tensors saved by rank 0 as
 ``push<step>.pt``); ``OUT/crash``: dies after step 5 (checkpoint at step 4), resumed with another drafter init. Final
 weights per rank in ``<run>/rank<r>.pt``."""
@@ -12,7 +12,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _fsdp_sft_worker import Crash, crash_at  # noqa: E402
 from _sft_fixture import tiny_drafter, tiny_sequences  # noqa: E402
-from test_specopd_step import _HashScorer  # noqa: E402
+from fakes.scorers import HashScorer as _HashScorer  # noqa: E402
 
 from specopd_trainer.algorithms.specopd.config import SpecOPDConfig  # noqa: E402
 from specopd_trainer.algorithms.specopd.loop import train_specopd  # noqa: E402

@@ -54,3 +54,9 @@ def random_case(seed: int, p: int, trees: int, max_nodes: int, hq: int, hkv: int
     anchors = [rng.randrange(p) for _ in range(trees)]
     parents = [random_parents(rng, rng.randint(0, max_nodes)) for _ in anchors]
     return make_case(p, anchors, parents, hq, hkv, d, seed, dtype)
+
+
+def one_node_anchors(p, g, seed=0):
+    """g one-node trees at spread anchors of a p-token prefix, SmolLM2 attention dims (9 q / 3 kv heads, 64)."""
+    case = make_case(p, [(i * p) // g for i in range(g)], [[-1]] * g, 9, 3, 64, seed=seed, with_mask=False)
+    return case, (case.k[:p], case.v[:p])

@@ -325,6 +325,14 @@ def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_target: Path):
+    """The tiny target's tokenizer (test_collect, test_evaluate)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_target))
+
+
+@pytest.fixture(scope="session")
 def tiny_target6(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 6-layer tiny Llama: 2 context layers spread to ids [1, 3] (drafter-format and registry tests)."""
     from _tiny_target import make_tiny_target
@@ -609,3 +617,12 @@ def smollm2_specopd_server(smollm2_plain_outputs, smollm2_target: Path,
     with running_server(spec, tmp_path_factory.mktemp("logs"), "smollm2-specopd") as srv:
         yield srv
 
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """The random-order seed again at the end (pytest-randomly's header line is hidden under ``-q``), so a failing
+    order can be replayed: ``SPECOPD_TEST_SEED=N bash scripts/test.sh`` (docs/testing.md)."""
+    seed = config.getoption("randomly_seed", None) if config.pluginmanager.hasplugin("randomly") else None
+    if isinstance(seed, int):
+        terminalreporter.write_line(f"random test order, seed {seed}: replay with SPECOPD_TEST_SEED={seed} "
+                                    "bash scripts/test.sh (plus the same test selection)")

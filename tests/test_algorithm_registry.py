@@ -14,6 +14,8 @@ from typing import Literal, Optional
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
+from fakes.cli import one_error_line
+from fakes.cli import specopd_cli as cli
 from specopd_trainer.algorithms import registry
 from specopd_trainer.algorithms.registry import Algorithm, RunReport, TrainContext
 
@@ -50,18 +52,6 @@ def dummy():
     SEEN.clear()
     yield DUMMY
     registry.unregister(DUMMY.name)
-
-
-def cli(*args: str):
-    from typer.testing import CliRunner
-
-    from sglang_specopd.app.cli import _register_subcommands, app
-
-    _register_subcommands()
-    res = CliRunner().invoke(app, list(args), env={"SPECOPD_ADMIN_KEY": None, "SPECOPD_API_KEY": None,
-                                                   "COLUMNS": "240", "TERMINAL_WIDTH": "240"})
-    assert "Traceback" not in res.output, res.output
-    return res
 
 
 class FakeDrafter:
@@ -106,13 +96,6 @@ def no_server(monkeypatch):
     monkeypatch.setattr(fs, "open_session",
                         lambda ends, *a, **kw: FakeSession(ends.server or ",".join(ends.workers), *a, **kw))
     monkeypatch.setattr(td, "_load_prompts", lambda sess, data, *, per_domain, max_prompt_tokens: [[1, 2], [3]])
-
-
-def one_error_line(res, code: int = 2) -> str:
-    assert res.exit_code == code, res.output
-    lines = [line for line in res.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
-    return lines[0]
 
 
 def test_builtin_algorithms_are_registered_with_light_imports() -> None:

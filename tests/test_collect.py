@@ -1,6 +1,6 @@
 """Response regeneration into the JSONL cache (trainer/specopd_trainer/collect.py): real tiny SPECOPD server + stub servers.
 
-The tiny SGLang server (:func:`tiny_eval_server`) is conftest's shared ``tiny_specopd_server``
+The tiny SGLang server is conftest's ``tiny_specopd_server``
 (the shared ``tiny_admin_server``, ``tests/_servers.py``): ``test_evaluate.py``, ``test_serve_tiny.py`` and the
 admin-server modules use the same one, so they together pay for one server start. Failures in the middle of a run are simulated with a stub HTTP server, never by
 killing SGLang.
@@ -8,77 +8,14 @@ killing SGLang.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable, Iterator, Tuple
+from typing import Tuple
 
 import pytest
 
-# ----------------------------------------------------------------------------------------------------------------
-# Shared fixtures (imported by test_evaluate.py)
-# ----------------------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def tiny_eval_server(tiny_specopd_server):
-    """conftest's shared SPECOPD fp32 server on the tiny target with the random block-4 drafter (see module doc)."""
-    return tiny_specopd_server
-
-
-@pytest.fixture(scope="session")
-def tiny_tokenizer(tiny_target: Path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(tiny_target))
-
-
-Handler = Callable[[str, dict], Tuple[int, dict]]
-
-
-@contextlib.contextmanager
-def stub_server(handler: Handler) -> Iterator[str]:
-    """A local HTTP server whose GET/POST replies are ``handler(path, json_body) -> (status, json)``; yields URL."""
-
-    class _H(BaseHTTPRequestHandler):
-        def _reply(self, body: dict) -> None:
-            status, payload = handler(self.path, body)
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_POST(self) -> None:  # noqa: N802
-            n = int(self.headers.get("Content-Length") or 0)
-            self._reply(json.loads(self.rfile.read(n) or b"{}"))
-
-        def do_GET(self) -> None:  # noqa: N802
-            self._reply({})
-
-        def log_message(self, *args) -> None:
-            pass
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _H)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        thread.join(5)
-
-
-def make_records(n: int, prefix: str = "r", domains=("dialogue", "coding", "math", "agentic")) -> list:
-    texts = ("Return the sum of the arguments.", "Open the file and read it.", "What is 17 times 3?",
-             "Call the weather tool for Paris.", "Sort a list of numbers.", "Explain the difference of two sets.")
-    return [{"id": f"{prefix}{i}", "domain": domains[i % len(domains)],
-             "messages": [{"role": "user", "content": texts[i % len(texts)] + f" (case {i})"}]} for i in range(n)]
-
+from fakes.http_stub import make_records, stub_server
 
 # ----------------------------------------------------------------------------------------------------------------
 # Against the real tiny server
@@ -86,13 +23,13 @@ def make_records(n: int, prefix: str = "r", domains=("dialogue", "coding", "math
 
 
 @pytest.mark.server
-def test_regenerate_then_resume_after_torn_last_line(tiny_eval_server, tiny_tokenizer, tmp_path: Path) -> None:
+def test_regenerate_then_resume_after_torn_last_line(tiny_specopd_server, tiny_tokenizer, tmp_path: Path) -> None:
     from specopd_trainer.client import SpecOPDClient
     from specopd_trainer.collect import chat_prompt_ids, iter_responses, regenerate
 
     records = make_records(6)
     cache = tmp_path / "responses.jsonl"
-    with SpecOPDClient(tiny_eval_server.url, retries=1, backoff_s=0.1) as client:
+    with SpecOPDClient(tiny_specopd_server.url, retries=1, backoff_s=0.1) as client:
         res = regenerate(client, tiny_tokenizer, iter(records), cache, max_new_tokens=16, concurrency=4)
         assert (res.new, res.cached, res.resumed, res.too_long, res.rejected) == (6, 6, 0, 0, 0)
         first = {r.id: r for r in iter_responses(cache)}
@@ -121,7 +58,7 @@ def test_regenerate_then_resume_after_torn_last_line(tiny_eval_server, tiny_toke
 
 
 @pytest.mark.server
-def test_too_long_prompt_is_skipped_and_counted(tiny_eval_server, tiny_tokenizer, tmp_path: Path) -> None:
+def test_too_long_prompt_is_skipped_and_counted(tiny_specopd_server, tiny_tokenizer, tmp_path: Path) -> None:
     from specopd_trainer.client import SpecOPDClient
     from specopd_trainer.collect import chat_prompt_ids, iter_responses, regenerate
 
@@ -131,7 +68,7 @@ def test_too_long_prompt_is_skipped_and_counted(tiny_eval_server, tiny_tokenizer
     limit = max(len(chat_prompt_ids(tiny_tokenizer, r["messages"])) for r in records)
     assert len(chat_prompt_ids(tiny_tokenizer, long_rec["messages"])) > limit
     cache = tmp_path / "c.jsonl"
-    with SpecOPDClient(tiny_eval_server.url) as client:
+    with SpecOPDClient(tiny_specopd_server.url) as client:
         res = regenerate(client, tiny_tokenizer, [records[0], long_rec, records[1]], cache, max_new_tokens=8,
                          max_prompt_tokens=limit, concurrency=2, progress=False)
     assert (res.new, res.too_long, res.too_long_ids, res.cached) == (2, 1, ("long",), 2)

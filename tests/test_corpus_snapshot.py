@@ -86,8 +86,11 @@ def test_import_skips_unknown_ids_and_changed_prompts(tmp_path):
     assert [r.id for r in iter_responses(out)] == ["p2"]
 
 
-@pytest.mark.parametrize("payload", [b"not gzip at all", gzip.compress(b"{not json}\n"),
-                                     gzip.compress(b'{"id": "x", "domain": "math"}\n')])
+# gzip with mtime=0 and explicit ids: a collection-time timestamp in a parameter made the two xdist workers collect
+# different test ids across a second boundary
+@pytest.mark.parametrize("payload", [b"not gzip at all", gzip.compress(b"{not json}\n", mtime=0),
+                                     gzip.compress(b'{"id": "x", "domain": "math"}\n', mtime=0)],
+                         ids=["not-gzip", "not-json", "missing-fields"])
 def test_corrupt_shard_raises_typed_error(tmp_path, payload):
     snap = tmp_path / "snap"
     snap.mkdir()

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from specopd_kernels.gdn import causal_conv1d_naive, gdn_gates, gdn_recurrent_naive, random_gdn_params
-from test_cpu_patches import load_standin
+from fakes.standin import load_standin
 
 H, HV, DK, DV, W = 2, 4, 8, 6, 4
 C = 2 * H * DK + HV * DV

@@ -10,7 +10,6 @@ The stand-in's ops themselves are compared with loop references in-process (they
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -20,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from fakes.standin import STANDIN_INIT, load_standin
+
 REPO = Path(__file__).resolve().parents[1]
-STANDIN_INIT = REPO / "sglang_specopd" / "server" / "cpu" / "sgl_kernel_standin" / "sgl_kernel" / "__init__.py"
 
 CPU_HOOK_TARGETS = (
     "sglang.srt.arg_groups.speculative_hook._handle_dflash",
@@ -66,19 +66,6 @@ def last_json(proc: subprocess.CompletedProcess) -> dict:
 def standin():
     """The stand-in package loaded from its file under a private name (no ``sgl_kernel`` in sys.modules)."""
     return load_standin()
-
-
-def load_standin():
-    """Import the stand-in package (``__init__`` and its submodules) as ``_specopd_sgl_kernel_standin_under_test``."""
-    name = "_specopd_sgl_kernel_standin_under_test"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, STANDIN_INIT,
-                                                  submodule_search_locations=[str(STANDIN_INIT.parent)])
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # the package's relative imports (``from . import mamba``) look it up there
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _segments_ref(req_pool_indices, start, end):

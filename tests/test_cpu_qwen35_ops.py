@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_cpu_patches import load_standin
+from fakes.standin import load_standin
 
 T, HQ, HKV, D = 5, 4, 2, 16
 
@@ -96,7 +96,7 @@ def test_sglang_qwen3_5_and_qwen4_exp_import_on_the_cpu_engine() -> None:
     import subprocess
     import sys
 
-    from test_cpu_patches import STANDIN_INIT
+    from fakes.standin import STANDIN_INIT
 
     env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": str(STANDIN_INIT.parent.parent)}
     code = ("import sglang.srt.models.qwen4_exp as m, sglang.srt.models.qwen3_5 as q; "

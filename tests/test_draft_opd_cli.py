@@ -8,10 +8,18 @@ from pathlib import Path
 
 import pytest
 
+from _servers import drafter_info as info
 from conftest import TINY_ADMIN_KEY, TINY_BLOCK_SIZE
-from test_train_cli import cli, info, rows, server  # noqa: F401  (server: conftest's tiny_admin_server)
+from fakes.cli import metric_rows as rows
+from fakes.cli import train_cli as cli
 
 ADMIN_KEY = TINY_ADMIN_KEY
+
+
+@pytest.fixture(scope="module")
+def server(tiny_admin_server):
+    """conftest's shared tiny SPECOPD server with an admin key (tests/_servers.py)."""
+    return tiny_admin_server
 
 
 def _args(url: str, run: Path, steps: int, *extra: str) -> list:

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from _scripts import load_benchmark, tiny_specopd_config
-from test_collect import stub_server
+from fakes.http_stub import stub_server
 
 MOD = load_benchmark("draft_opd_live_traffic")  # puts benchmarks/ on sys.path: the helper packages below
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from _replay_checks import check_replay
-from test_trainer_parity import BLOCK_SIZE, parity_server  # noqa: F401  (parity_server: a shared fixture)
+from support.parity_server import BLOCK_SIZE, parity_server  # noqa: F401  (parity_server: a shared fixture)
 
 pytestmark = pytest.mark.server
 

@@ -11,12 +11,13 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 import pytest
 
+from fakes.drafter_arch import DUMMY, DummySpec
+from fakes.drafter_arch import dummy_config as _dummy_config
 from sglang_specopd.app.drafter_check import Problem, check_drafter, describe
 from sglang_specopd.wire.checkpoint_info import read_safetensors_header
 from sglang_specopd.wire.drafter_archs import (
@@ -40,48 +41,6 @@ from sglang_specopd.wire.drafter_init import DrafterInitError, init_drafter, ini
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 
-
-# ------------------------------------------------------------------------------------------- a dummy architecture
-
-@dataclass(frozen=True)
-class DummySpec:
-    hidden_size: int
-    vocab_size: int
-    num_target_layers: int
-    width: int
-    dtype: str = "float32"
-
-
-def _dummy_config(spec: DummySpec) -> dict[str, Any]:
-    return {"architectures": ["DummyDraftModel"], "hidden_size": spec.hidden_size, "vocab_size": spec.vocab_size,
-            "num_target_layers": spec.num_target_layers, "dummy_config": {"width": spec.width}, "dtype": spec.dtype}
-
-
-def _dummy_parse(cfg: Mapping[str, Any]) -> DummySpec:
-    if cfg.get("architectures") != ["DummyDraftModel"]:
-        raise DrafterConfigError([("config_invalid", f"not a dummy drafter: {cfg.get('architectures')!r}")])
-    try:
-        return DummySpec(cfg["hidden_size"], cfg["vocab_size"], cfg["num_target_layers"], cfg["dummy_config"]["width"],
-                         cfg["dtype"])
-    except (KeyError, TypeError) as exc:
-        raise DrafterConfigError([("config_key_missing", f"config.json is missing key {exc}")]) from None
-
-
-def _dummy_tensors(spec: DummySpec) -> dict[str, tuple[int, ...]]:
-    return {"proj.weight": (spec.width, spec.hidden_size), "norm.weight": (spec.width,)}
-
-
-def _dummy_for_target(req: Any) -> DummySpec:
-    info = req.target
-    return DummySpec(info.hidden_size, info.vocab_size, info.num_hidden_layers, width=8 * req.num_layers,
-                     dtype=req.dtype)
-
-
-DUMMY = DrafterArch(
-    name="dummy", architecture="DummyDraftModel", speculative_algorithm="DUMMY", sglang_worker="DummyWorker",
-    spec_type=DummySpec, parse_config=_dummy_parse, expected_tensors=_dummy_tensors, config=_dummy_config,
-    describe=lambda s: f"dummy width {s.width}, {s.dtype}", spec_for_target=_dummy_for_target,
-)
 
 
 @pytest.fixture
@@ -284,8 +243,8 @@ _CLI_SCRIPT = r"""
 import json, sys
 sys.path[:0] = [sys.argv[1]]
 from sglang_specopd.wire.drafter_archs import register_drafter_arch
-import test_drafter_archs
-register_drafter_arch(test_drafter_archs.DUMMY)  # like an extension: registered before the CLI is built
+from fakes.drafter_arch import DUMMY
+register_drafter_arch(DUMMY)  # like an extension: registered before the CLI is built
 from typer.testing import CliRunner
 from sglang_specopd.app.cli import _register_subcommands, app
 _register_subcommands()

@@ -12,12 +12,7 @@ from typing import Tuple
 
 import pytest
 
-from test_collect import (  # noqa: F401  (fixtures shared with test_collect.py)
-    make_records,
-    stub_server,
-    tiny_eval_server,
-    tiny_tokenizer,
-)
+from fakes.http_stub import make_records, stub_server
 
 DOMAINS = ("dialogue", "coding", "math", "agentic")
 
@@ -43,18 +38,18 @@ def check_sums(result: dict) -> None:
 
 
 @pytest.mark.server
-def test_evaluate_acceptance_on_tiny_server(tiny_eval_server, tiny_tokenizer) -> None:
+def test_evaluate_acceptance_on_tiny_server(tiny_specopd_server, tiny_tokenizer) -> None:
     from specopd_trainer.evaluate import evaluate_acceptance
 
     recs = by_domain(2)
-    greedy = evaluate_acceptance(tiny_eval_server.url, tiny_tokenizer, DOMAINS, 0.0, limit=2, max_new_tokens=24,
+    greedy = evaluate_acceptance(tiny_specopd_server.url, tiny_tokenizer, DOMAINS, 0.0, limit=2, max_new_tokens=24,
                                  concurrency=4, records=recs)
     assert list(greedy["per_domain"]) == list(DOMAINS) and len(greedy["per_request"]) == 8
     assert [r["id"] for r in greedy["per_request"]] == [r["id"] for d in DOMAINS for r in recs[d]]
     check_sums(greedy)
     assert any(sum(r["histogram"][1:]) > 0 for r in greedy["per_request"]), "some drafts are accepted"
     # T=1 with per-request seeds; the tokenizer is the one the server reports (tokenizer=None).
-    sampled = evaluate_acceptance(tiny_eval_server.url, None, ("math", "coding"), 1.0, limit=1, max_new_tokens=16,
+    sampled = evaluate_acceptance(tiny_specopd_server.url, None, ("math", "coding"), 1.0, limit=1, max_new_tokens=16,
                                   concurrency=2, records=recs, progress=False)
     assert [r["domain"] for r in sampled["per_request"]] == ["math", "coding"] and sampled["temperature"] == 1.0
     check_sums(sampled)

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 
 from specopd_trainer.client import ServerUnavailableError
-from test_adapt import FakeSpool, _run_ids
-from test_fleet_rollout import FakeWorker
+from fakes.adapt import FakeSpool
+from fakes.adapt import run_ids as _run_ids
+from fakes.fleet import FakeWorker
 
 W0, W1 = "http://w0", "http://w1"
 

@@ -307,7 +307,8 @@ def test_where_the_cli_finds_one_server_or_a_fleet(tmp_path):
 
 def test_specopd_adapt_refuses_a_fleet_serving_two_targets_in_one_line(monkeypatch):
     import specopd_trainer.fleet_client as fc
-    from test_algorithm_registry import cli, one_error_line
+    from fakes.cli import one_error_line
+    from fakes.cli import specopd_cli as cli
 
     real = fc.FleetClient
 

@@ -40,7 +40,7 @@ def second_worker(tiny_admin_server, tiny_serving_target: Path, tiny_drafter: Pa
 @pytest.fixture(scope="module")
 def fleet(tiny_admin_server, second_worker, tiny_drafter: Path, tmp_path_factory):
     """``(urls, update of the scaled drafter, update of the start-up drafter)``; both workers start on "initial"."""
-    from test_score_trees import make_scaled_drafter
+    from support.score_trees import make_scaled_drafter
 
     scaled = make_scaled_drafter(tiny_drafter, tmp_path_factory.mktemp("fleet-scaled") / "scaled")
     urls = [tiny_admin_server.url, second_worker.url]

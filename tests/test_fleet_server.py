@@ -28,7 +28,7 @@ from sglang_specopd.app.fleet_state import group_pids, read_state
 from sglang_specopd.app.launch import PortInUseError, check_port_free, free_port
 from specopd_trainer.fleet_rollout import FleetRollout
 from specopd_trainer.fleet_worker import DrafterUpdate
-from test_serve_cli import specopd_exe
+from support.serving import specopd_exe
 
 pytestmark = pytest.mark.server
 ADMIN = "fleet-admin"
@@ -196,7 +196,7 @@ def test_the_spool_opt_out_passes_the_router_on_completions_only(fleet) -> None:
 
 
 def test_a_fleet_rollout_moves_both_workers(fleet, tiny_drafter: Path, tmp_path) -> None:
-    from test_score_trees import make_scaled_drafter
+    from support.score_trees import make_scaled_drafter
 
     scaled = make_scaled_drafter(tiny_drafter, tmp_path / "scaled")
     urls = fleet["state"].worker_urls

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_fleet_rollout import FakeWorker
+from fakes.fleet import FakeWorker
 
 W0, W1 = "http://w0", "http://w1"
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from _gdn_cases import make_gdn_case
-from test_kernels_losses import _triton_interpret  # noqa: F401  (module fixture: TRITON_INTERPRET=1 on CPU)
+from support.triton import triton_interpret  # noqa: F401  (module fixture: TRITON_INTERPRET=1 on CPU)
 from specopd_kernels.gdn import (GDNParams, build_gdn_tree_layout, causal_conv1d_naive, gdn_chunk, gdn_gates,
                                  gdn_layer_naive, gdn_layout_from_tree_layout, gdn_recurrent_naive, gdn_tree_naive,
                                  gdn_tree_replay, random_gdn_params, replay_prefix)

@@ -24,7 +24,7 @@ import torch
 
 from sglang_specopd.wire.protocol import (DRAFTER_ADMIN_INFO_PATH, DRAFTER_INFO_PATH, SWAP_DRAFTER_PATH,
                                           encode_tensors, swap_payload, tensors_digest)
-from test_score_trees import ADMIN_KEY, MAX_PAYLOAD, NEW_TOKENS, PROMPTS, Shared, shared_server  # noqa: F401
+from support.score_trees import ADMIN_KEY, MAX_PAYLOAD, NEW_TOKENS, PROMPTS, Shared, shared_server  # noqa: F401
 
 VERSIONS_KEY = "specopd_drafter_versions"
 TRACE_KEY = "specopd_trace"

@@ -26,15 +26,7 @@ from specopd_kernels.losses import (
     tv_loss,
 )
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _triton_interpret():
-    with pytest.MonkeyPatch.context() as mp:
-        if DEVICE == "cpu":
-            mp.setenv("TRITON_INTERPRET", "1")
-        yield
+from support.triton import DEVICE, triton_interpret  # noqa: F401  (module fixture: TRITON_INTERPRET=1 on CPU)
 
 
 def _logits(probs):

@@ -23,8 +23,8 @@ import httpx
 import pytest
 import torch
 
-from test_score_trees import assert_4xx, node_paths, post_score, random_tree, score
-from test_serve_hybrid_gdn import BLOCK_SIZE, hybrid_specopd_server  # noqa: F401  (a shared fixture)
+from support.score_trees import assert_4xx, node_paths, post_score, random_tree, score
+from support.hybrid_server import BLOCK_SIZE, hybrid_specopd_server  # noqa: F401  (a shared fixture)
 from sglang_specopd.wire.protocol import ScoreTreesRequest
 
 pytestmark = pytest.mark.server

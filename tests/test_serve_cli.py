@@ -14,28 +14,19 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import List, Optional
 
 import pytest
 
 from conftest import TEST_TAG_ENV, assert_no_orphans, new_process_tag
+from support.serving import specopd_exe
 
 BASE_CONFIG = {
     "name": "tiny-cli-test", "speculative_algorithm": "SPECOPD", "block_size": 4, "device": "cpu",
     "dtype": "float32", "attention_backend": "torch_native", "max_total_tokens": 2048, "disable_cuda_graph": True,
     "disable_overlap_schedule": True, "sleep_on_idle": True,
 }
-
-
-def specopd_exe() -> str:
-    exe = Path(sys.executable).with_name("specopd")
-    if exe.is_file():
-        return str(exe)
-    found = shutil.which("specopd")
-    assert found, "the specopd console script is not installed"
-    return found
 
 
 def write_config(path: Path, **fields) -> Path:

@@ -37,7 +37,7 @@ import torch
 
 from conftest import TINY_BLOCK_SIZE, TINY_NEW_TOKENS, TINY_PROMPTS, running_server, tiny_launch_spec
 from sglang_specopd.wire.protocol import DRAFTER_INFO_PATH, SWAP_DRAFTER_PATH, swap_payload
-from test_serve_tiny import check_trace
+from support.serving import check_trace
 
 ADMIN_KEY = "test-admin-v2"
 TOP_K, RANK = 4, 8

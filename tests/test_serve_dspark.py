@@ -47,7 +47,7 @@ import pytest
 import torch
 
 from conftest import TINY_BLOCK_SIZE, TINY_NEW_TOKENS, TINY_PROMPTS, running_server, tiny_launch_spec
-from test_serve_tiny import check_trace
+from support.serving import check_trace
 
 GAMMA = TINY_BLOCK_SIZE - 1
 MARKOV_RANK = 8

@@ -24,15 +24,11 @@ import httpx
 import pytest
 
 from conftest import running_server
+from support.qsa_server import EXTRA_ARGS, qsa_specopd_server  # noqa: F401  (a shared fixture)
 
 pytestmark = pytest.mark.server
 
 NEW_TOKENS = 16
-# SGLang sizes the mamba state pool from free memory; a test needs a handful. The radix cache must be off for QSA
-# targets on CPU (the QSA pool needs page size 64, the mamba radix cache page size 1; docs/qsa_serving_plan.md).
-EXTRA_ARGS = ["--max-mamba-cache-size", "32", "--disable-radix-cache"]
-QSA_BLOCK_SIZE = 4  # SPECOPD's block: SGLang's QSA verify takes at most compress_ratio (4) rows per request
-QSA_ADMIN_KEY = "qsa-admin-key"
 
 
 def _prompts() -> Dict[str, List[int]]:
@@ -103,7 +99,7 @@ def test_plain_greedy_and_prompt_logprobs_equal_transformers_fp32(served, hf_ref
 def _tree_request(prefix: List[int]):
     """Anchors below the budget (dense), just past it, and later (blocks completed inside the branches, some
     straddling the anchor); chains and trees with siblings, paths of up to 6 tokens."""
-    from test_score_trees import random_tree
+    from support.score_trees import random_tree
     from sglang_specopd.wire.protocol import ScoreTreesRequest
 
     rng = random.Random(5)
@@ -118,7 +114,7 @@ def _tree_request(prefix: List[int]):
 def test_score_trees_nodes_equal_sglang_prefill_of_each_branch(qsa_server, served) -> None:
     """Every node (and anchor row) of the trees vs SGLang's own prefill of prefix[:anchor+1] + the node's path
     (its QSA indexer, metadata and pool): the top-5 log-probs at every position of every root-to-leaf branch."""
-    from test_score_trees import node_paths, score
+    from support.score_trees import node_paths, score
 
     prefix = _prompts()["sparse-90"][:60]
     req = _tree_request(prefix)
@@ -186,7 +182,7 @@ def test_score_trees_features_equal_transformers_mixed_attention_inputs(qsa_serv
     into GDN layers (1 -> layer 2, 5 -> layer 6) and the sparse one (2 -> layer 3, QSA), 45 tokens (sparse regime)."""
     import torch
 
-    from test_score_trees import score
+    from support.score_trees import score
 
     from sglang_specopd.app.tiny_qsa import load_tiny_qwen4exp, served_index_precision
 
@@ -210,31 +206,6 @@ def test_score_trees_features_equal_transformers_mixed_attention_inputs(qsa_serv
         diff = (feats[:, j * width:(j + 1) * width] - seen[layer]).abs().max().item()
         print(f"layer {layer}: feature max abs {seen[layer].abs().max().item():.3f}, difference {diff:.1e}")
         assert seen[layer].abs().max() > 0.1 and diff < 1e-4, (layer, diff)
-
-
-@pytest.fixture(scope="module")
-def qsa_specopd_server(request, shared_servers_guard, qsa_target: Path, tmp_path_factory: pytest.TempPathFactory):
-    """A SPECOPD server on the same target with a random block-4, 1-layer DFlash drafter (block <= the QSA compress
-    ratio, as SGLang's QSA verify requires; its features come from :mod:`sglang_specopd.server.qwen4_exp_features`)
-    and :data:`QSA_ADMIN_KEY`: one server shared with test_train_qsa.py (tests/_servers.py);
-    ``extra["drafter"]``: the start-up drafter's directory."""
-    from _servers import lend, start_specopd
-    from sglang_specopd.app.launch import LaunchSpec, free_port
-    from sglang_specopd.wire.drafter_init import init_drafter
-
-    def start(stack):
-        drafter = tmp_path_factory.mktemp("qsa-drafter") / "drafter"
-        init_drafter(qsa_target, drafter, block_size=QSA_BLOCK_SIZE, num_layers=1, seed=0)
-        spec = LaunchSpec(model_path=str(qsa_target), port=free_port(), device="cpu", dtype="float32",
-                          attention_backend="torch_native", max_total_tokens=2048, disable_cuda_graph=True,
-                          disable_overlap_schedule=True, sleep_on_idle=True, drafter_path=str(drafter),
-                          speculative_algorithm="SPECOPD", block_size=QSA_BLOCK_SIZE, admin_api_key=QSA_ADMIN_KEY,
-                          extra_args=list(EXTRA_ARGS))
-        srv = start_specopd(stack, spec, tmp_path_factory.mktemp("logs"), "qsa-specopd")
-        srv.extra["drafter"] = drafter
-        return srv
-
-    yield from lend(request, "qsa_specopd_server", start)
 
 
 @pytest.mark.parametrize("name", list(_prompts()))

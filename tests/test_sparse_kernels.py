@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from _sparse_cases import make_sparse_case
 from _tree_attention_cases import random_parents
-from test_kernels_losses import _triton_interpret  # noqa: F401  (module fixture: TRITON_INTERPRET=1 on CPU)
+from support.triton import triton_interpret  # noqa: F401  (module fixture: TRITON_INTERPRET=1 on CPU)
 from specopd_kernels.sparse import (QSAConfig, get_sparse_attention, node_paths, qsa_logits, qsa_select_sequence_naive,
                                     qsa_sequence_naive, qsa_tree_attention, qsa_tree_naive, qsa_tree_select,
                                     sparse_attention_backend_name, sparse_attention_naive, sparse_attention_torch)

@@ -2,50 +2,15 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from _sft_fixture import tiny_drafter, tiny_sequences
-
-
-class _Scorer:
-    """Stands in for ``SpecOPDClient.score_trees``: records the request, returns random final hidden states with
-    one row per anchor plus one per tree node (the endpoint's row layout)."""
-
-    def __init__(self):
-        self.requests = []
-
-    def score_trees(self, req):
-        self.requests.append(req)
-        g = torch.Generator().manual_seed(len(self.requests))
-        return [SimpleNamespace(hidden=torch.randn(len(r.trees) + sum(len(t.tokens) for t in r.trees), 32,
-                                                   generator=g)) for r in req.references]
-
-
-class _Keep(_Scorer):
-    """A :class:`_Scorer` that also keeps every reply."""
-
-    def __init__(self):
-        super().__init__()
-        self.outputs = []
-
-    def score_trees(self, req):
-        out = super().score_trees(req)
-        self.outputs.extend(out)
-        return out
-
-
-def _record_packing(monkeypatch) -> list:
-    """Record (branches, PackedBranches) of every ``pack_branches`` call of the step."""
-    import specopd_trainer.loops.branch_tree as bt
-
-    packed = []
-    real = bt.pack_branches
-    monkeypatch.setattr(bt, "pack_branches", lambda branches, depth: packed.append((branches.clone(),
-                                                                                    real(branches, depth))) or packed[-1][1])
-    return packed
+from fakes.scorers import HashScorer as _HashScorer
+from fakes.scorers import KeepScorer as _Keep
+from fakes.scorers import Scorer as _Scorer
+from fakes.scorers import record_packing as _record_packing
 
 
 @pytest.mark.parametrize("greedy", [False, True])
@@ -239,19 +204,6 @@ def test_minibatches_share_one_scored_batch(monkeypatch):
         drafter.zero_grad()
         loss.backward()
         assert drafter.fc.weight.grad is not None and drafter.fc.weight.grad.abs().sum() > 0
-
-
-class _HashScorer(_Scorer):
-    """Rows that depend only on the request's content (a resumed run sees the same rows as an uninterrupted one)."""
-
-    def score_trees(self, req):
-        self.requests.append(req)
-        out = []
-        for r in req.references:
-            g = torch.Generator().manual_seed(sum((j + 1) * t.anchor for j, t in enumerate(r.trees)))
-            out.append(SimpleNamespace(hidden=torch.randn(len(r.trees) + sum(len(t.tokens) for t in r.trees), 32,
-                                                          generator=g)))
-        return out
 
 
 def test_minibatch_run_scores_once_per_batch_and_resumes_exactly(tmp_path):

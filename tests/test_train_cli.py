@@ -10,17 +10,16 @@ unreachable server) without a traceback, and two steps of sequential-rollout OPD
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
-from typing import List
 
-import httpx
 import pytest
 import torch
 
+from _servers import drafter_info as info
 from conftest import TINY_ADMIN_KEY, TINY_BLOCK_SIZE
-from sglang_specopd.wire.protocol import DRAFTER_INFO_PATH
+from fakes.cli import metric_rows as rows
+from fakes.cli import train_cli as cli
 
 ADMIN_KEY = TINY_ADMIN_KEY
 METRIC_KEYS = {"step", "loss", "lr", "grad_norm", "wall_s", "est_tau", "alpha", "step_supervised_tokens",
@@ -32,27 +31,6 @@ SEQS, ANCHORS, BRANCHES = 2, 2, 2
 def server(tiny_admin_server):
     """conftest's shared tiny SPECOPD server with an admin key, serving its start-up drafter (tests/_servers.py)."""
     return tiny_admin_server
-
-
-def cli(*args: str):
-    from typer.testing import CliRunner
-
-    from sglang_specopd.app.cli import _register_subcommands, app
-
-    _register_subcommands()
-    res = CliRunner().invoke(app, ["train", *args], env={"SPECOPD_ADMIN_KEY": None, "SPECOPD_API_KEY": None})
-    assert "Traceback" not in res.output, res.output
-    return res
-
-
-def rows(run: Path) -> List[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-def info(url: str) -> dict:
-    r = httpx.get(url + DRAFTER_INFO_PATH, timeout=60)
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def specopd_args(url: str, run: Path, steps: int, data: str = "dialogue,math", *extra: str) -> list:
@@ -78,7 +56,6 @@ def torchrun_train(args: list) -> "subprocess.CompletedProcess[str]":
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2 rank(s)" in proc.stderr and "Traceback" not in proc.stderr
     return proc
-
 
 
 @pytest.mark.server

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from _train_e2e import greedy, sft_then_specopd_push_hot_and_serve
-from test_serve_hybrid_gdn import BLOCK_SIZE, HYBRID_ADMIN_KEY, hybrid_specopd_server  # noqa: F401  (a fixture)
+from support.hybrid_server import BLOCK_SIZE, HYBRID_ADMIN_KEY, hybrid_specopd_server  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.server
 

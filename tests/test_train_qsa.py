@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from _train_e2e import greedy, sft_then_specopd_push_hot_and_serve
-from test_serve_qsa import QSA_ADMIN_KEY, QSA_BLOCK_SIZE, qsa_specopd_server  # noqa: F401  (a fixture)
+from support.qsa_server import QSA_ADMIN_KEY, QSA_BLOCK_SIZE, qsa_specopd_server  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.server
 

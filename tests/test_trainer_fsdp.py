@@ -148,7 +148,7 @@ def test_specopd_fsdp2_pushes_full_weights_and_resumes_exactly(specopd_runs):
 @pytest.fixture(scope="module")
 def draft_opd_runs(tmp_path_factory):
     """A single-process Draft-OPD run on the fake server and the worker's DDP / FSDP2 runs (one torchrun launch)."""
-    from test_draft_opd_loop import PROMPTS, FakeServer, _cfg, _pusher
+    from fakes.draft_opd import PROMPTS, FakeServer, draft_opd_config as _cfg, pusher as _pusher
 
     from specopd_trainer.algorithms.draft_opd.loop import train_draft_opd
 

@@ -16,41 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from support.parity_server import parity_server  # noqa: F401  (a shared fixture)
+
 pytestmark = pytest.mark.server
 
 PROMPTS = ("def add(a, b):\n    return", "Return the sum of the arguments.")
 NEW_TOKENS = 24
-BLOCK_SIZE = 8
-
-
-def _strong_drafter(target: Path, out: Path):
-    from sglang_specopd.wire.drafter_init import init_drafter, init_drafter_tensors, save_drafter
-
-    spec = init_drafter(target, out, block_size=BLOCK_SIZE, num_layers=2, seed=1, target_layer_ids=[0, 2])
-    g = torch.Generator().manual_seed(5)
-    tensors = {n: (t * 10 if t.ndim == 2 else 1 + 0.3 * torch.randn(t.shape, generator=g))
-               for n, t in init_drafter_tensors(spec, seed=3).items()}
-    save_drafter(spec, tensors, out, overwrite=True)
-    return spec
-
-
-@pytest.fixture(scope="module")
-def parity_server(request, shared_servers_guard, tiny_target: Path, tmp_path_factory: pytest.TempPathFactory):
-    """The SPECOPD server (tiny target, :func:`_strong_drafter`, block 8, no admin key) of this module and
-    test_draft_opd_parity.py: one shared server (tests/_servers.py); its drafter directory is
-    ``spec.drafter_path``."""
-    from _servers import lend, start_specopd
-    from conftest import tiny_launch_spec
-    from sglang_specopd.app.launch import free_port
-
-    def start(stack):
-        root = tmp_path_factory.mktemp("parity")
-        _strong_drafter(tiny_target, root / "drafter")
-        spec = tiny_launch_spec(tiny_target, free_port(), root / "drafter")
-        spec.block_size = BLOCK_SIZE
-        return start_specopd(stack, spec, root, "parity")
-
-    yield from lend(request, "parity_server", start)
 
 
 @pytest.fixture(scope="module")

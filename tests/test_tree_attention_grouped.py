@@ -13,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from _tree_attention_cases import chain_parents, make_case, random_case
+from _tree_attention_cases import one_node_anchors as _one_node_anchors
 from specopd_kernels.tree import build_tree_layout, tree_attention_grouped, tree_attention_reference
 from specopd_kernels.tree import grouped as grouped_mod
 
@@ -137,12 +138,6 @@ class _LargestTensor(TorchDispatchMode):
         return out
 
 
-def _one_node_anchors(p, g, seed=0):
-    """g one-node trees at spread anchors of a p-token prefix, SmolLM2 attention dims (9 q / 3 kv heads, 64)."""
-    case = make_case(p, [(i * p) // g for i in range(g)], [[-1]] * g, 9, 3, 64, seed=seed, with_mask=False)
-    return case, (case.k[:p], case.v[:p])
-
-
 def test_no_tensor_grows_with_anchors_times_prefix():
     """200 one-node anchors on a 2,000-token prefix: the per-anchor copy would be 2 x 200 x 3 x 2000 x 64 x 4 B
     = 0.61 GB; no intermediate of the grouped path exceeds one score chunk. The probe does see the copy of the
@@ -164,7 +159,7 @@ def test_no_tensor_grows_with_anchors_times_prefix():
 _RSS_SCRIPT = r"""
 import sys, torch
 sys.path.insert(0, sys.argv[1])
-from test_tree_attention_grouped import _one_node_anchors
+from _tree_attention_cases import one_node_anchors as _one_node_anchors
 from specopd_kernels.tree import build_tree_layout, tree_attention_grouped
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from _tree_attention_cases import chain_parents, make_case, random_case
-from test_kernels_losses import _triton_interpret  # noqa: F401  (module fixture: TRITON_INTERPRET=1 on CPU)
+from support.triton import triton_interpret  # noqa: F401  (module fixture: TRITON_INTERPRET=1 on CPU)
 from specopd_kernels.tree import build_tree_layout, tree_attention_grouped, tree_attention_reference
 from specopd_kernels.tree import triton_attention as tri
 

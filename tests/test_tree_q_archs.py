@@ -219,7 +219,8 @@ def test_specopd_step_for_each_architecture(arch: str, monkeypatch) -> None:
     """One SpecOPD step (E2E-KL-IS, root anchors, the greedy branch) with a stand-in scorer: finite loss equal to the
     registry's flat loss on the expanded branches with each branch's own q (teacher-forced conditionals for V2 /
     DSpark), gradient into the architecture's head."""
-    from test_specopd_step import _Keep, _record_packing
+    from fakes.scorers import KeepScorer as _Keep
+    from fakes.scorers import record_packing as _record_packing
 
     from specopd_kernels.losses import get_loss
     from specopd_trainer.algorithms.specopd.config import SpecOPDConfig
@@ -267,7 +268,7 @@ def test_specopd_step_for_each_architecture(arch: str, monkeypatch) -> None:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_draft_opd_step_for_each_architecture(arch: str, tmp_path) -> None:
-    from test_draft_opd_loop import PROMPTS, FakeServer, _cfg, _pusher
+    from fakes.draft_opd import PROMPTS, FakeServer, draft_opd_config as _cfg, pusher as _pusher
 
     from specopd_trainer.algorithms.draft_opd.loop import train_draft_opd
 
@@ -281,7 +282,7 @@ def test_draft_opd_step_for_each_architecture(arch: str, tmp_path) -> None:
 def test_sequential_opd_rollout_step_for_each_architecture(arch: str) -> None:
     """Sequential OPD's loss on recorded blocks (each a one-branch tree of its proposed tokens) runs for every
     architecture: finite, with gradient."""
-    from test_draft_opd_loop import PROMPTS, FakeServer
+    from fakes.draft_opd import PROMPTS, FakeServer
 
     from specopd_trainer.algorithms.sequential_opd.rollouts import Rollout, rollout_step
 
