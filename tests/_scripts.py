@@ -1,4 +1,4 @@
-"""Load a benchmark script (``benchmarks/<name>.py``) as a module, for tests of its functions."""
+"""Load a benchmark's script (``benchmarks/<name>/run.py``) as a module, for tests of its functions."""
 
 import importlib.util
 from pathlib import Path
@@ -7,7 +7,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_benchmark(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    """``benchmarks/<name>/run.py`` (the experiment's script) as a fresh module, not registered in sys.modules."""
+    spec = importlib.util.spec_from_file_location(f"{name}_run", ROOT / "benchmarks" / name / "run.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

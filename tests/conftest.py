@@ -505,7 +505,7 @@ def tiny_specopd_server(tiny_plain_outputs, tiny_admin_server: RunningServer) ->
     return tiny_admin_server
 
 
-# The shared admin server's key: benchmarks/fuzz_strategies.py's strategies send this one (tests/test_fuzz_routes.py).
+# The shared admin server's key: benchmarks/fuzz_routes/strategies.py's strategies send this one (tests/test_fuzz_routes.py).
 TINY_ADMIN_KEY = "fuzz-admin"
 TINY_ADMIN_PREFIX_CACHE_MB = 64  # the score_trees exactness tests keep reference prefixes' K/V across calls
 TINY_ADMIN_SPOOL_MB = 0.005  # a 5,242-byte live-traffic spool: a handful of tiny requests fill it (evictions)

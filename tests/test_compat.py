@@ -270,44 +270,6 @@ def test_every_table_entry_is_used_where_it_says() -> None:
     assert unused == []
 
 
-# --- benchmarks/radix_hook_cost.py (what the RadixAttention hook costs a decode step) ---
-
-def test_radix_hook_cost_pure_functions(tmp_path) -> None:
-    from _scripts import load_benchmark
-
-    bench = load_benchmark("radix_hook_cost")
-    assert bench.summarize([3, 1, 2, 4]) == {"median": 2.5, "p25": 1.75, "p75": 3.25, "min": 1.0,
-                                                "n": 4}
-    assert bench.summarize([5]) == {"median": 5.0, "p25": 5.0, "p75": 5.0, "min": 5.0, "n": 1}
-    with pytest.raises(ValueError):
-        bench.summarize([])
-    assert bench.overhead([10, 10, 10], [11, 12, 13]) == {"unhooked": 10.0, "hooked": 12.0, "diff": 2.0,
-                                                          "fraction": 0.2, "min_diff": 1.0}
-    assert bench.predicted_step_overhead(1000.0, 30, 60.0) == {"us_per_step": 30.0, "fraction_of_step": 0.0005}
-    serve = tmp_path / "serve.json"
-    serve.write_text('{"git_commit": "abc", "tokens_per_s": {"plain": 10.0}, "tokens_per_s_fp32": {"plain": 8.0}}')
-    assert bench.server_step_ms(serve) == {"file": str(serve), "git_commit": "abc", "bfloat16_ms": 100.0,
-                                           "float32_ms": 125.0}
-    assert bench.server_step_ms(tmp_path / "missing.json") is None
-
-
-def test_radix_hook_cost_measures_the_inert_hook_and_restores_sglang() -> None:
-    from _scripts import load_benchmark
-
-    bench = load_benchmark("radix_hook_cost")
-    cls, registry = compat.get("RadixAttention"), compat.get("HookRegistry")
-    before, hooks_before = cls.forward, {k: list(v) for k, v in registry._hooks.items()}
-    shape = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
-             "vocab_size": 256}
-    out = bench.measure(layers=2, context=8, steps=3, rounds=2, calls=50, call_rounds=3, shape=shape)
-    assert out["outputs_identical"] is True  # outside a tree forward the hook changes nothing
-    assert out["per_call_ns"]["unhooked_stats"]["n"] == 3 and out["decode_step_ms"]["hooked_stats"]["n"] == 6
-    assert out["per_call_ns"]["hooked"] > 0 and out["decode_step_ms"]["unhooked"] > 0
-    assert cls.forward is before and {k: list(v) for k, v in registry._hooks.items()} == hooks_before
-    with pytest.raises(ValueError, match="must exceed"):
-        bench.measure(layers=1, context=3, steps=3, rounds=1, calls=1, shape=shape)
-
-
 def test_sglang_load_plugins_does_not_swallow_the_compat_error(no_hooks, monkeypatch) -> None:
     # SGLang's load_plugins logs and skips a plugin raising Exception; the server would then start without our
     # plugin. The compat error must stop the process instead: it passes through load_plugins as a SystemExit.

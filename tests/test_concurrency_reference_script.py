@@ -1,4 +1,4 @@
-"""benchmarks/concurrency_reference.py: bench payloads -> speedup and tau with intervals per level and temperature."""
+"""benchmarks/concurrency_reference/run.py: bench payloads -> speedup and tau with intervals per level and temperature."""
 
 from __future__ import annotations
 

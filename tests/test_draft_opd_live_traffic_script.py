@@ -1,4 +1,4 @@
-"""benchmarks/draft_opd_live_traffic.py and its live_traffic/ helpers: reply parsing, the traffic generator against
+"""benchmarks/live_traffic/run.py and its live_traffic/ helpers: reply parsing, the traffic generator against
 a stub server, tau per window and per span, the unpaired before/after interval, the trainer summary, result
 assembly, the held-out comparison, the plot, option checks; and one short end-to-end run on the tiny target
 (real SPECOPD server with a traffic spool + `specopd train draft-opd --from-traffic`)."""
@@ -13,7 +13,7 @@ import pytest
 from _scripts import load_benchmark, tiny_specopd_config
 from fakes.http_stub import stub_server
 
-MOD = load_benchmark("draft_opd_live_traffic")  # puts benchmarks/ on sys.path: the helper packages below
+MOD = load_benchmark("live_traffic")  # puts benchmarks/ on sys.path: the helper packages below
 
 from live_traffic import load, session, stats  # noqa: E402
 from live_traffic.load import ServedRequest  # noqa: E402

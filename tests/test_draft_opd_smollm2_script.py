@@ -1,4 +1,4 @@
-"""benchmarks/draft_opd_smollm2.py and its draft_opd_compare/ helpers: arm selection, budget accounting per arm, the
+"""benchmarks/draft_opd_compare/run.py and its draft_opd_compare/ helpers: arm selection, budget accounting per arm, the
 budget stop of the rollout arms, per-arm results kept and merged, tau intervals and paired differences on synthetic
 per-request rows (values checked by hand), the plot, one-line CLI errors; and one short end-to-end run of two arms
 on the tiny target (marked ``server``)."""
@@ -13,7 +13,7 @@ from _scripts import load_benchmark, tiny_specopd_config
 
 from sglang_specopd.app.results import portable
 
-MOD = load_benchmark("draft_opd_smollm2")  # puts benchmarks/ on sys.path: the helper package below
+MOD = load_benchmark("draft_opd_compare")  # puts benchmarks/ on sys.path: the helper package below
 
 from draft_opd_compare import arms, store, train  # noqa: E402
 
@@ -39,7 +39,7 @@ def test_select_arms():
 def test_budget_accounting_per_arm():
     g, budget = 7, 229376
     # continued SFT: 8 x 16 x 7 = 896 labelled slots per step -> 256 steps, exactly the budget
-    from specopd_smollm2 import continued_sft_config
+    from specopd_smollm2.run import continued_sft_config
 
     cfg, tokens = continued_sft_config(budget, g, 1e-3)
     assert (cfg.steps, tokens) == (256, budget)

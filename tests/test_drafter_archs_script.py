@@ -1,4 +1,4 @@
-"""benchmarks/drafter_archs_smollm2.py and its drafter_archs/ helpers: architecture selection, the phases kept in the
+"""benchmarks/drafter_archs/run.py and its drafter_archs/ helpers: architecture selection, the phases kept in the
 run directory (resume: what is finished, what runs next, what is missing), the SFT data selection, budgets and the
 ETA, the merge into the result (tau intervals, paired differences vs DFlash and SpecOPD vs SFT, serving speedups) on
 synthetic per-request rows checked by hand, --merge-only, a failing architecture, the report's summary and table,
@@ -15,7 +15,7 @@ import pytest
 
 from _scripts import load_benchmark, tiny_specopd_config
 
-MOD = load_benchmark("drafter_archs_smollm2")  # puts benchmarks/ on sys.path: the helper package below
+MOD = load_benchmark("drafter_archs")  # puts benchmarks/ on sys.path: the helper package below
 
 from drafter_archs import data, eta, merge, store  # noqa: E402
 

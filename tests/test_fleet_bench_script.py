@@ -1,4 +1,4 @@
-"""benchmarks/fleet.py without servers: throughput intervals and the paired 2-vs-1 ratio, the drafter-version check
+"""benchmarks/fleetbench/run.py without servers: throughput intervals and the paired 2-vs-1 ratio, the drafter-version check
 of responses around commits, rollout timings, the kill -9 fault entry, and the result file (history, plot)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from _scripts import load_benchmark
 
-FLEET = load_benchmark("fleet")  # puts benchmarks/ on sys.path: fleetbench is importable from here on
+FLEET = load_benchmark("fleetbench")  # puts benchmarks/ on sys.path: fleetbench is importable from here on
 from fleetbench import stats  # noqa: E402
 
 
@@ -245,7 +245,7 @@ def test_main_writes_the_result_and_the_plot_without_servers(tmp_path: Path, mon
     assert FLEET.main(argv) == 0
     assert started == [(1, [0], "round_robin"), (2, [0, 1], "round_robin")] and kills == ["stage", "commit"]
     data = json.loads(out.read_text())
-    assert data["command"].startswith("python benchmarks/fleet.py --drafter /d --concurrency 1,16 --limit 2 --out ")
+    assert data["command"].startswith("python benchmarks/fleetbench/run.py --drafter /d --concurrency 1,16 --limit 2 --out ")
     assert data["status"] == "complete"
     assert [(lv["workers"], lv["concurrency"]) for lv in data["levels"]] == [(1, 1), (1, 16), (2, 1), (2, 16)]
     assert data["counts_as_result"] is False and data["router"]["package"] == "sglang-router"

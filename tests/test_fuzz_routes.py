@@ -1,7 +1,7 @@
-"""Property-based fuzz of the plugin's routes on ONE tiny SPECOPD server (strategies: ``benchmarks/fuzz_routes.py``).
+"""Property-based fuzz of the plugin's routes on ONE tiny SPECOPD server (strategies: ``benchmarks/fuzz_routes/run.py``).
 
 score_trees (JSON and binary), drafter swap (with and without the admin key), prefix-cache stats/clear,
-generation with random ``custom_params`` trace values, and the crafted hostile kinds of ``benchmarks/fuzz_crafted.py``
+generation with random ``custom_params`` trace values, and the crafted hostile kinds of ``benchmarks/fuzz_routes/crafted.py``
 (deep nesting, huge / negative integers, NaN / Infinity, duplicate keys, truncated bodies, wrong content types, slow
 and stalled bodies, early answers to ``Connection: close`` uploads): every request gets an HTTP answer (no reset, no
 timeout) that is < 500 and well-formed, unauthorised admin calls are 401, and afterwards the server is healthy and
@@ -22,7 +22,7 @@ import pytest
 from conftest import RunningServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import fuzz_routes as fuzz  # noqa: E402  (a script module: its dataclasses need it in sys.modules)
+from fuzz_routes import run as fuzz  # noqa: E402  (the runner module: in sys.modules as fuzz_routes.run)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def test_examples_split_over_every_route() -> None:
     split = fuzz.examples_per_route(10_000)
     assert set(split) == set(fuzz.STRATEGIES) and sum(split.values()) == 10_000
     assert all(n >= 1 for n in fuzz.examples_per_route(1).values())
-    from fuzz_crafted import KINDS
+    from fuzz_routes.crafted import KINDS
 
     kinds = fuzz.crafted_split(split["crafted"])
     assert set(kinds) == set(KINDS) >= {"deep_nesting", "huge_ints", "negative_ints", "nan_infinity",

@@ -1,4 +1,4 @@
-"""benchmarks/goodput.py: throughput ratios with paired intervals, per-level policy deltas, the result file."""
+"""benchmarks/goodput/run.py: throughput ratios with paired intervals, per-level policy deltas, the result file."""
 
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ def test_main_writes_the_result_without_servers(tmp_path: Path, monkeypatch) -> 
     assert data["counts_as_result"] is False and data["gamma"] == 7
     assert data["cost_curve_ms"] == {"1": {"1": 50.0, "2": 51.0, "3": 60.0}}
     assert set(data["step_breakdown_ms"]) >= {"plain", "fixed", "goodput"}
-    assert data["command"].startswith("python benchmarks/goodput.py --drafter /d") and started == [gp.ARMS]
+    assert data["command"].startswith("python benchmarks/goodput/run.py --drafter /d") and started == [gp.ARMS]
     started.clear()
     assert gp.main(["--drafter", "/d", "--concurrency", "1,2", "--temperatures", "0", "--limit", "3",
                     "--out", str(out), "--one-server-at-a-time"]) == 0

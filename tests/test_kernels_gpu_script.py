@@ -1,4 +1,4 @@
-"""The GPU acceptance run (benchmarks/kernels_gpu.py --all) runs end to end on CPU with tiny shapes (Triton under
+"""The GPU acceptance run (benchmarks/kernels_gpu/run.py --all) runs end to end on CPU with tiny shapes (Triton under
 TRITON_INTERPRET=1): every section, the per-kernel verdicts and the verified records (device cpu: they never verify),
 and an earlier result file moved to history/, never overwritten."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "kernels_gpu.py"
+SCRIPT = ROOT / "benchmarks" / "kernels_gpu" / "run.py"
 
 
 def _run(*args, timeout=600):
@@ -40,7 +40,7 @@ def test_kernels_gpu_script_cpu_smoke(tmp_path):
         assert rec["source_sha256"] == source_sha256(kernel) and rec["passed"] is True and rec["device"] == "cpu"
         assert is_verified(kernel, written) == (False, "its GPU record did not pass (device 'cpu', passed True)")
         assert rec["result_file"].startswith("$TMPDIR/") and rec["result_file"].endswith("/kernels.json")
-    assert str(tmp_path) not in res["command"] and res["command"].startswith("python benchmarks/kernels_gpu.py --all")
+    assert str(tmp_path) not in res["command"] and res["command"].startswith("python benchmarks/kernels_gpu/run.py --all")
     assert res["device"] == "cpu" and res["command"].startswith("python ")
     assert {(c["vocab"], c["dtype"]) for c in res["alpha"]} == {(1000, "float32"), (1000, "bfloat16"),
                                                                 (4099, "float32"), (4099, "bfloat16")}
@@ -90,7 +90,7 @@ def test_results_are_never_overwritten_and_sections_are_selectable(tmp_path):
 
 def test_checks_fail_a_kernel_outside_its_tolerance():
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from kernels_gpu_checks import kernel_checks, summary
+    from kernels_gpu.checks import kernel_checks, summary
 
     payload = {"tree_attention": [
         {"prefix": 512, "anchors": 32, "dtype": "torch.bfloat16", "triton_max_abs_diff": 0.01,
@@ -109,6 +109,6 @@ def test_kernels_gpu_script_without_cuda_is_a_clear_error(tmp_path):
 
     if torch.cuda.is_available():  # pragma: no cover - GPU machines run the real thing
         return
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernels_gpu.py"), "--out", str(tmp_path / "x.json")],
+    r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "x.json")],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "no CUDA device" in r.stderr

@@ -1,4 +1,4 @@
-"""benchmarks/live_training_soak.py and its soak/ helpers: percentiles per phase, error tallies, RSS growth, floors,
+"""benchmarks/soak/run.py and its soak/ helpers: percentiles per phase, error tallies, RSS growth, floors,
 result assembly, fuzz replies, the counting proxy and option checks (no server is started here)."""
 
 import json
@@ -10,7 +10,7 @@ import pytest
 
 from _scripts import load_benchmark
 
-MOD = load_benchmark("live_training_soak")  # puts benchmarks/ on sys.path: the soak package imports below
+MOD = load_benchmark("soak")  # puts benchmarks/ on sys.path: the soak package imports below
 
 from soak import fuzz, procs, proxy, stats  # noqa: E402
 from sglang_specopd.app.bench.client import RequestRecord  # noqa: E402

@@ -13,7 +13,7 @@ from specopd_kernels.tree import build_tree_layout
 
 
 def trie_count(anchors, branches, budget: int, ratio: int) -> float:
-    """An independent count (what benchmarks/tree_scoring.py derived in the client before the server reported
+    """An independent count (what benchmarks/tree_scoring/run.py derived in the client before the server reported
     it): per anchor tree, one selection per trie node whose query sees more than ``budget // ratio`` complete
     blocks, plus one per depth for the nodes that see fewer; the mean over the trees."""
     kb = budget // ratio

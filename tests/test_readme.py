@@ -100,3 +100,33 @@ def test_readme_keeps_the_two_setup_commands() -> None:
     for doc in ("docs/journal.md", "docs/score_trees.md", "docs/prefix_cache.md", "docs/hot_swap.md",
                 "docs/cpu_adaptations.md", "docs/sampled_drafts.md", "docs/architecture.md"):
         assert f"]({doc})" in text and (README.parent / doc).is_file(), doc
+
+
+def _json_numbers(value) -> set:
+    if isinstance(value, dict):
+        return set().union(*(_json_numbers(v) for v in value.values())) if value else set()
+    if isinstance(value, list):
+        return set().union(*(_json_numbers(v) for v in value)) if value else set()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return {f"{value:.{d}f}" for d in (0, 1, 2, 3)} | {str(value)}
+    return set()
+
+
+def test_server_config_comments_quote_only_numbers_of_the_result_file_they_name() -> None:
+    """Every ratio or rate (``1.23x``, ``104 supervised tokens/s``) in a comment of server_configs/*.yaml is a value
+    of a result file the same comment names (issue 50: the configs' ITL figure had drifted from its file)."""
+    import json
+
+    shaped = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)(?:x\b|\s+(?:supervised\s+)?tokens/s)")
+    for config in sorted((README.parent / "server_configs").glob("*.yaml")):
+        for line in config.read_text().splitlines():
+            comment = line.split("#", 1)[1] if "#" in line else ""
+            numbers = shaped.findall(comment)
+            if not numbers:
+                continue
+            files = re.findall(r"[\w.-]+\.json", comment)
+            assert files, (config.name, comment)
+            known = set().union(*(_json_numbers(json.loads((README.parent / "benchmarks" / "results" / f).read_text()))
+                                  for f in files))
+            for n in numbers:
+                assert n in known, (config.name, n, files)

@@ -1,4 +1,4 @@
-"""benchmarks/reference_drafter.py: corpus records, the stable walk-tau hold-out and the plateau curve."""
+"""benchmarks/reference_drafter/run.py: corpus records, the stable walk-tau hold-out and the plateau curve."""
 
 from __future__ import annotations
 

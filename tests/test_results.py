@@ -125,9 +125,9 @@ def test_result_files_record_portable_paths(tmp_path: Path, monkeypatch) -> None
     data = json.loads(out.read_text())
     assert data["drafter"] == "runs/x/drafter" and data["target"] == "$SPECOPD_HOME/models/S"
     assert data["nested"] == [{"log": "see benchmarks/a.log"}] and data["value"] == 1.5
-    assert data["other"] == "/opt/elsewhere"
+    assert data["other"] == "<abs>/elsewhere"  # another disk's path: only its last component (issue 50)
     assert data["command"] == "python benchmarks/x.py --out benchmarks/results/x.json"
     # whole path components only (the repository's own prefixes: a clone under the temp directory would turn the
     # sibling into $TMPDIR/...)
     only_repo = [(str(repo) + "/", ""), (str(repo), ".")]
-    assert R.portable([f"{repo}2/x", str(repo)], only_repo) == [f"{repo}2/x", "."]
+    assert R.portable([f"{repo}2/x", str(repo)], only_repo) == ["<abs>/x", "."]  # not "2/x"

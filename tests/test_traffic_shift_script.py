@@ -1,4 +1,4 @@
-"""``benchmarks/traffic_shift.py`` without servers: its options, the arms' paired differences against the static arm
+"""``benchmarks/shift/run.py`` without servers: its options, the arms' paired differences against the static arm
 (hand-checkable), the ITL / load statistics of streamed records, and the result file's keys and plot."""
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def test_options_and_plot(tmp_path):
 
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("traffic_shift_script", BENCH / "traffic_shift.py")
+    spec = importlib.util.spec_from_file_location("traffic_shift_script", BENCH / "shift" / "run.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     s = mod.settings_of(mod.parse(["--arms", "static,sft", "--curve-minutes", "0,2.5", "--shift-minutes", "3"]))

@@ -1,4 +1,4 @@
-"""benchmarks/verify_cost.py: the break-even acceptance length derived from a served concurrency result, the timed
+"""benchmarks/verify_cost/run.py: the break-even acceptance length derived from a served concurrency result, the timed
 forward leaving the KV cache as it found it, and its option checks."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The arms of the Draft-OPD comparison, their selection, and the configs that give each the same budget.
 
-Budget: target-scored (supervised) draft tokens, the unit of ``benchmarks/specopd_smollm2.py``. Per optimiser step
+Budget: target-scored (supervised) draft tokens, the unit of ``benchmarks/specopd_smollm2/run.py``. Per optimiser step
 an arm supervises (G = block_size - 1 draft slots per block):
   sft_continued       8 sequences x 16 anchors x G labelled slots (exact: :func:`continued_sft_config`);
   specopd             seqs x (anchors x branches x G + root anchors) (exact: :func:`specopd_config`, the recipe);
@@ -42,7 +42,7 @@ DRAFT_OPD_ARMS: Dict[str, Dict[str, object]] = {
 # replays and has the target score exactly what draft_opd does (equal target compute) but supervises only the
 # accepted slots and the first rejected one, so a token budget would give it ~4x draft_opd's rollouts
 EQUAL_STEPS_ARMS: Dict[str, str] = {"draft_opd_first_rejection": "draft_opd"}
-SEQUENTIAL_TAU = 1.2  # served tau assumed for the sequential arm's step count (as benchmarks/specopd_smollm2.py)
+SEQUENTIAL_TAU = 1.2  # served tau assumed for the sequential arm's step count (as benchmarks/specopd_smollm2/run.py)
 
 
 class ArmsError(ValueError):
@@ -107,7 +107,7 @@ def specopd_recipe_config(budget_tokens: int, g: int, lr: float | None = None):
     """The SpecOPD arm: the validated recipe of the registry (``specopd_trainer.algorithms.specopd.RECIPE``: 2
     sequences x (8 anchors x 7 branches + 64 root anchors), E2E-KL with accepted-prefix weights, LR 1e-3) at the
     budget, through ``benchmarks/specopd_smollm2.specopd_config`` (its step count for the same budget)."""
-    from specopd_smollm2 import specopd_config
+    from specopd_smollm2.run import specopd_config
     from specopd_trainer.algorithms.specopd import RECIPE
 
     return specopd_config(budget_tokens, g, anchors_per_seq=RECIPE["anchors_per_seq"], branches=RECIPE["branches"],

@@ -149,7 +149,7 @@ def _train(s: Session, arm: str, drafter, run_dir: Path) -> Dict[str, Any]:
     g = drafter.block_size - 1
     a = s.args
     if arm == BASELINE:
-        from specopd_smollm2 import continued_sft_config
+        from specopd_smollm2.run import continued_sft_config
         from specopd_trainer.algorithms.sft.loop import train_sft
 
         cfg, tokens = continued_sft_config(s.budget_tokens, g, a.lr_sft)

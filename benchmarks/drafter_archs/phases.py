@@ -200,7 +200,7 @@ def run_serve(ctx: Context, arch: str) -> Dict[str, Any]:
     ``--serve-concurrency`` on ``--serve-limit`` held-out prompts per domain (raw payload in
     ``RUN/<arch>/serve/T<t>.json``, reused when present); records the levels as
     ``concurrency_reference.summarize`` gives them (output tokens/s of both servers, speedup, tau with intervals)."""
-    from concurrency_reference import summarize
+    from concurrency_reference.run import summarize
 
     a = ctx.args
     out = arch_dir(ctx.run_dir, arch) / "serve"

@@ -1,4 +1,4 @@
-"""The fleet benchmark's phases against real workers (``benchmarks/fleet.py`` runs them; numbers in :mod:`.stats`).
+"""The fleet benchmark's phases against real workers (``benchmarks/fleetbench/run.py`` runs them; numbers in :mod:`.stats`).
 
 * :func:`started_fleet`: ``n`` SPECOPD workers of one config behind sglang-router with the fleet's own supervisor
   (:class:`sglang_specopd.app.fleet.Fleet`, as ``specopd fleet start``), worker ``i`` pinned to the one core

@@ -1,5 +1,5 @@
 """Verified-only kernels: on CUDA a Triton / FlashInfer kernel runs by default only after the GPU acceptance run
-(``benchmarks/kernels_gpu.py``) checked it against its reference on a GPU, for exactly the source it runs now.
+(``benchmarks/kernels_gpu/run.py``) checked it against its reference on a GPU, for exactly the source it runs now.
 
 Kernels (:data:`KERNELS`): ``tree_attention_triton``, ``tree_attention_flashinfer``, ``gdn_replay_triton``,
 ``e2e_tv_fused``, ``sparse_attention_triton``. Each is tied to its source files; :func:`source_sha256` hashes them
@@ -89,7 +89,7 @@ def write_records(records: Mapping[str, dict], path: Optional[Path] = None) -> P
     p = Path(path) if path is not None else RECORDS_FILE
     merged = {**load_records(p), **dict(records)}
     tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps({"about": "written by benchmarks/kernels_gpu.py on a GPU; see specopd_kernels.verified",
+    tmp.write_text(json.dumps({"about": "written by benchmarks/kernels_gpu/run.py on a GPU; see specopd_kernels.verified",
                                "records": dict(sorted(merged.items()))}, indent=2) + "\n")
     os.replace(tmp, p)
     return p

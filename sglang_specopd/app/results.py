@@ -97,27 +97,39 @@ def git_commit(repo: Path | None = None) -> str | None:
 
 def _path_prefixes() -> list[tuple[str, str]]:
     """(absolute prefix, portable replacement), longest first: the repository root -> relative, ``$SPECOPD_HOME``,
-    the temp directory -> ``$TMPDIR``, the user's home -> ``~``."""
+    the temp directory -> ``$TMPDIR``, the user's home -> ``~``, a Python environment outside the repository ->
+    ``$VENV``."""
     from sglang_specopd.wire.home import specopd_home
 
     repo = Path(__file__).resolve().parents[2]
     pairs = [(str(repo) + "/", ""), (str(repo), "."), (str(specopd_home().resolve()), "$SPECOPD_HOME"),
              (str(specopd_home()), "$SPECOPD_HOME"), (str(Path(tempfile.gettempdir()).resolve()), "$TMPDIR"),
              (str(Path.home()), "~")]
+    pairs += [(env, "$VENV") for env in {sys.prefix, str(Path(sys.prefix).resolve())}
+              if not (env + "/").startswith(str(repo) + "/")]
     return sorted({a: b for a, b in pairs if a not in ("", "/")}.items(), key=lambda p: -len(p[0]))
+
+
+# An absolute filesystem path of two or more components left after the prefixes (not a URL's path: nothing
+# glued before the slash; not a server route such as /v1/completions or /specopd/score_trees).
+_ABS_PATH = re.compile(r"(?<![\w:/.~$<>-])/(?!(?:v1|specopd|generate|health|health_generate|get_model_info|"
+                       r"get_server_info|flush_cache|metrics)\b)(?:[\w.@+$~-]+/)+[\w.@+$~-]*")
 
 
 def portable(value: Any, _prefixes: Optional[list] = None) -> Any:
     """``value`` (any JSON-able structure) with this machine's absolute paths made portable in every string: under
     the repository -> relative to it, under ``$SPECOPD_HOME`` -> ``$SPECOPD_HOME/...``, under the temp directory ->
-    ``$TMPDIR/...``, under the home directory -> ``~/...``; other values unchanged. Result files record these, never
-    a machine's own paths."""
+    ``$TMPDIR/...``, under the home directory -> ``~/...``, under a Python environment outside the repository ->
+    ``$VENV/...``; any other absolute path of two or more components -> ``<abs>/`` and its last component (server
+    routes such as ``/v1/completions`` and URLs stay); other values unchanged. Result files record these, never a
+    machine's own paths."""
     prefixes = _path_prefixes() if _prefixes is None else _prefixes
     if isinstance(value, str):
         for prefix, repl in prefixes:
             end = "" if prefix.endswith("/") else r"(?![\w.-])"  # a whole path component, not /work/main2
             value = re.sub(re.escape(prefix) + end, lambda m, r=repl: r, value)
-        return value
+        # any other absolute path (another checkout, another machine's disk) keeps only its last component
+        return _ABS_PATH.sub(lambda m: "<abs>/" + (m.group(0).rstrip("/").rsplit("/", 1)[-1]), value)
     if isinstance(value, dict):
         return {k: portable(v, prefixes) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -19,7 +19,7 @@ builtin ``tl.reduce`` with the stdlib combine function (a JITFunction called fro
 triton 3.8).
 
 UNVERIFIED ON A GPU: parity is tested under the Triton interpreter only (and the kernel lowers to an sm_90 cubin
-in the tests); ``benchmarks/kernels_gpu.py`` holds the prepared CUDA check (values vs the torch replay, timing).
+in the tests); ``benchmarks/kernels_gpu/run.py`` holds the prepared CUDA check (values vs the torch replay, timing).
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def gdn_tree_nodes_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
     last stride); g, beta: fp32 [N, HV]; anchor_states: fp32 [A, HV, Dv, Dk] in ``layout.anchors`` order; scale:
     the query scale. Returns [N, HV, Dv] in v's dtype. Raises RuntimeError without triton or for CPU tensors
     without TRITON_INTERPRET=1; TypeError on other dtypes; ValueError on shapes.
-    UNVERIFIED on a GPU (interpreter-tested; see ``benchmarks/kernels_gpu.py``).
+    UNVERIFIED on a GPU (interpreter-tested; see ``benchmarks/kernels_gpu/run.py``).
     """
     kernel = _kernel()
     if not triton_runs_on(v.device):

@@ -6,7 +6,7 @@ Backends of the attention over a selection, all with the signature of :func:`spa
   - ``torch``: :func:`sparse_attention_torch`, gathers each row chunk's keys, exact, differentiable, any device.
     The default on CPU, and on CUDA unless the kernel below is verified there.
   - ``triton``: :func:`specopd_kernels.sparse.triton_sparse.sparse_attention_triton`, forward only. The default on
-    CUDA only once the GPU acceptance run (``benchmarks/kernels_gpu.py``) verified it for its current source
+    CUDA only once the GPU acceptance run (``benchmarks/kernels_gpu/run.py``) verified it for its current source
     (:mod:`specopd_kernels.verified`).
 ``SPECOPD_SPARSE_ATTENTION`` = ``torch`` / ``triton`` / ``verified`` (or ``SPECOPD_KERNELS``, CUDA only) overrides
 the choice.

@@ -12,7 +12,7 @@ key gives zeros (as SGLang's ``qsa_sparse_attention_reference``).
 Only the attention is a kernel: the indexer logits and the top-k are torch (:mod:`.select`). Kernels are jitted
 lazily per TRITON_INTERPRET value (:mod:`specopd_kernels.lazy_triton`); under the interpreter bf16 tiles are
 upcast to fp32 before the dots (the interpreter's bf16 ``tl.dot`` is wrong in triton 3.8), compiled kernels dot
-in bf16. UNVERIFIED ON A GPU until ``benchmarks/kernels_gpu.py`` runs on one (its ``sparse_attention`` case).
+in bf16. UNVERIFIED ON A GPU until ``benchmarks/kernels_gpu/run.py`` runs on one (its ``sparse_attention`` case).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Every backend has the signature of :func:`specopd_kernels.tree.tree_attention_gr
   - ``flashinfer``: :func:`specopd_kernels.tree.flashinfer_attention.tree_attention_flashinfer`, FlashInfer's
     prefill kernel with the row's packed custom mask, forward only; CUDA with flashinfer installed.
 :func:`get_tree_attention` picks one per device through :func:`specopd_kernels.verified.choose`: on CUDA a kernel
-only when the GPU acceptance run (``benchmarks/kernels_gpu.py``) verified it for its current source, else torch;
+only when the GPU acceptance run (``benchmarks/kernels_gpu/run.py``) verified it for its current source, else torch;
 ``SPECOPD_TREE_ATTENTION`` = ``torch`` / ``triton`` / ``flashinfer`` / ``verified`` (or ``SPECOPD_KERNELS``, CUDA
 only) overrides the choice; the score_trees forward calls through it.
 """

@@ -15,7 +15,7 @@ UNVERIFIED ON A GPU: FlashInfer runs on CUDA only; on this project's CPU machine
 call (arguments, shapes, the packed mask's bit order) are tested against the torch reference with FlashInfer's
 function replaced by a torch stand-in (tests/test_tree_flashinfer.py). Pick it with
 ``SPECOPD_TREE_ATTENTION=flashinfer`` on a GPU machine with FlashInfer installed, after
-``benchmarks/kernels_gpu.py`` has checked it there. Forward only.
+``benchmarks/kernels_gpu/run.py`` has checked it there. Forward only.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ the builtin ``tl.reduce`` with the stdlib combine functions (a JITFunction calle
 raises in triton 3.8). The interpreter's ``tl.dot`` returns garbage for bf16 operands (triton 3.8), so under
 the interpreter bf16 tiles are upcast to fp32 before the dots (``DOT_F32``); compiled kernels dot in bf16.
 
-UNVERIFIED ON A GPU: parity is tested under the Triton interpreter only; ``benchmarks/kernels_gpu.py`` holds the
+UNVERIFIED ON A GPU: parity is tested under the Triton interpreter only; ``benchmarks/kernels_gpu/run.py`` holds the
 prepared CUDA check (values vs the reference, timing vs the grouped torch path and a dense-mask SDPA).
 """
 
@@ -208,7 +208,7 @@ def tree_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lay
     Raises RuntimeError without triton or for CPU tensors without TRITON_INTERPRET=1; TypeError on other
     dtypes; ValueError on shape mismatch (as the grouped path) or when an input requires grad with autograd
     enabled (no backward: use the grouped path to differentiate).
-    UNVERIFIED on a GPU (interpreter-tested; see ``benchmarks/kernels_gpu.py``).
+    UNVERIFIED on a GPU (interpreter-tested; see ``benchmarks/kernels_gpu/run.py``).
     """
     rep, base = check_tree_row(q, k, v, layout, prefix_kv)
     kernel = _kernel()

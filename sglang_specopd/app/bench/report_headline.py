@@ -150,13 +150,40 @@ def kernel_status() -> str:
             + ". An unverified kernel is not used by default: CUDA runs its torch path (`SPECOPD_KERNELS`).")
 
 
+def setup_text(name: str, data: Mapping[str, Any]) -> str:
+    """Where a result was measured, from its file: machine kind (GPU, or CPU model, SIMD, cores), dtype (recorded, or
+    what ``dtype: auto`` picks on that CPU for the ``cpu-smollm2*`` configs) and model; "not recorded" where the file does not say."""
+    m = data.get("machine") if isinstance(data.get("machine"), Mapping) else {}
+    if m.get("gpu"):
+        kind = str(m["gpu"])
+    else:
+        cpu = str(m.get("cpu") or "CPU")
+        cpu = "Xeon" if "Xeon" in cpu else "EPYC" if "EPYC" in cpu else cpu
+        kind = f"{m.get('cores', '?')}-core {cpu}" + (f" {m['cpu_simd']}" if m.get("cpu_simd") else "")
+    dtype = data.get("dtype") or _get(data, "server", "dtype") or data.get("greedy_identity_dtype")
+    config = str(data.get("server_config") or _get(data, "server", "config") or _get(data, "settings", "config")
+                 or _get(data, "config", "config") or "")
+    if not isinstance(dtype, str) and config in ("cpu-smollm2", "cpu-smollm2-adapt") and m.get("cpu_native_bf16") \
+            is not None:
+        dtype = "bf16" if m["cpu_native_bf16"] else "float32"
+    if name.startswith("kernels_gpu"):
+        dtype = "float32 / bf16"
+    model = str(data.get("target") or "").rstrip("/").split("/")[-1]
+    if not model and "smollm2" in name:
+        model = "SmolLM2-135M-Instruct"
+    if name.startswith("kernels_gpu"):
+        model = "kernels only"
+    return f"{kind}, {dtype if isinstance(dtype, str) else 'dtype not recorded'}, {model or 'model not recorded'}"
+
+
 def headline_table(results: Mapping[str, Mapping[str, Any]], results_dir: str = "benchmarks/results") -> List[str]:
     """Markdown lines: the table of :func:`headline_rows` (files in ``results_dir``) and the kernel status line."""
     rows = headline_rows(results)
     if not rows:
         return ["No result file yet."]
     lines = [f"Numbers to quote, each read from the result file it names in `{results_dir}/` (command, commit, machine "
-             "and versions inside; earlier versions in `history/`); CPU numbers come from a small shared CPU machine.",
-             "", "| result | value | file |", "|---|---|---|"]
-    lines += [f"| {what} | {value} | `{name}` |" for what, value, name in rows]
+             "and versions inside; earlier versions in `history/`). CPU numbers come from small shared 2-core machines of two kinds "
+             "(an AVX2 EPYC without native bf16, an AVX-512 Xeon with it): compare rows only on the same machine.",
+             "", "| result | machine, dtype, model | value | file |", "|---|---|---|---|"]
+    lines += [f"| {what} | {setup_text(name, results[name])} | {value} | `{name}` |" for what, value, name in rows]
     return lines + ["", kernel_status()]

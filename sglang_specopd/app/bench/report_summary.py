@@ -222,7 +222,7 @@ def _kernels(name: str, data: Mapping[str, Any]) -> List[str]:
                      f"{_sci(max(c.get('rel_value_diff') or 0 for c in losses))}), "
                      f"{_span(c.get('speedup') for c in losses)} faster")
     return [f"- **GPU kernel check** (`{name}`, {device}, commit `{_commit(data)}`, "
-            f"`python benchmarks/kernels_gpu.py`): " + "; ".join(parts) + ". Forward + backward times; only the "
+            f"`python benchmarks/kernels_gpu/run.py`): " + "; ".join(parts) + ". Forward + backward times; only the "
             "kernels were run on a GPU, not the server or the trainer."]
 
 
