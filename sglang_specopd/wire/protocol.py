@@ -25,6 +25,10 @@ PREFIX_CACHE_PATH = "/specopd/prefix_cache"  # GET: stats; POST .../clear (admin
 BINARY_CONTENT_TYPE = "application/octet-stream"
 # Reply header of score_trees (200, and the 429 of a request that waited): seconds the request waited in the line
 QUEUE_WAIT_HEADER = "X-SpecOPD-Queue-Wait-S"
+# Request header of score_trees: the admin key, for a request that asks for the target's hidden states or context
+# features (admin-only: a model-extraction channel otherwise). A header of its own, because ``Authorization`` must
+# carry SGLang's ``--api-key`` on a server that has one (sglang_specopd.server.score_auth).
+ADMIN_KEY_HEADER = "X-SpecOPD-Admin-Key"
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 2**20
 # Per score_trees request, over all its references (HTTP 413 beyond; the server's memory cap,
 # score_trees_max_request_mb, usually binds first).
@@ -99,6 +103,13 @@ class ScoreTreesRequest(BaseModel):
     feature_layer_ids: List[int] = Field(default_factory=list)
     output_dtype: Literal["float32", "bfloat16"] = "float32"
 
+
+
+def privileged_parts(req: ScoreTreesRequest) -> List[str]:
+    """What of ``req`` needs the admin key (:data:`ADMIN_KEY_HEADER`): ``returns: hidden`` (the target's final
+    hidden states) and ``feature_layer_ids`` (its context features); empty for a top-k / log-prob request."""
+    return (["returns: hidden"] if "hidden" in req.returns else []) + \
+        (["feature_layer_ids"] if req.feature_layer_ids else [])
 
 
 class ScoreTreesError(ValueError):
