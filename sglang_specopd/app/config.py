@@ -69,6 +69,12 @@ class ServeConfig(BaseModel):
                                      "block; goodput = k in 0..block_size-1 chosen before each verify from measured "
                                      "step costs and live acceptance (sglang_specopd.server.goodput, "
                                      "docs/goodput.md); GET /specopd/policy shows what it does")
+    served_model_name: Optional[str] = Field(
+        default=None, min_length=1, description="the model id the OpenAI API reports (SGLang's --served-model-name; "
+                                                "default: the target directory's name)")
+    allow_random_drafter: bool = Field(
+        default=False, description="`drafter: default` on a target with no shipped drafter serves a random-init "
+                                   "drafter only with this set (else the server refuses to start)")
     checked_on_gpu: bool = False
     extra_sglang_args: List[str] = Field(default_factory=list)
 

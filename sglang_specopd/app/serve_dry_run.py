@@ -79,7 +79,7 @@ def dry_run(cfg: ServeConfig, *, host: str = "127.0.0.1", port: int = 30000, api
     from sglang_specopd.app.cpu_dtype import resolve_dtype
     from sglang_specopd.app.launch import LaunchSpec, server_env
     from sglang_specopd.app.models import ModelsError, resolve_target
-    from sglang_specopd.app.serve import choose_drafter
+    from sglang_specopd.app.serve import choose_drafter, random_drafter_refusal
 
     out = DryRun()
     out.ok.append(f"config {cfg.name!r}: valid")
@@ -109,6 +109,9 @@ def dry_run(cfg: ServeConfig, *, host: str = "127.0.0.1", port: int = 30000, api
         if tp > 1 and not found:
             out.ok.append(f"--tp-size {tp}: the target's heads, KV heads and MLP widths split evenly")
     choice = choose_drafter(cfg, target_dir or Path(cfg.target), override=drafter)
+    refused = random_drafter_refusal(cfg, target_dir or Path(cfg.target), choice.path)
+    if refused:
+        out.problems.append(refused)
     algorithm = None
     if choice.path is not None:
         ddir = _config_dir(choice.path, drafter_config)
@@ -129,7 +132,7 @@ def dry_run(cfg: ServeConfig, *, host: str = "127.0.0.1", port: int = 30000, api
     if cfg.device == "cpu" and tp > 1:
         out.problems.append(f"--tp-size {tp} on the CPU engine: specopd serves CPU targets on one process")
     spec = LaunchSpec(
-        model_path=str(target_dir or cfg.target), served_model_name=Path(target_dir or cfg.target).name, host=host,
+        model_path=str(target_dir or cfg.target), served_model_name=cfg.served_model_name or Path(target_dir or cfg.target).name, host=host,
         port=port, device=cfg.device, dtype=resolve_dtype(cfg.device, cfg.dtype),
         drafter_path=str(choice.path) if choice.path else None,
         speculative_algorithm=(algorithm or cfg.speculative_algorithm) if choice.path else None,
