@@ -142,7 +142,7 @@ def launch_spec(cfg: ServeConfig, *, host: str = "127.0.0.1", port: int = 30000,
         score_queue_max=cfg.score_trees_queue_max, score_max_request_mb=cfg.score_trees_max_request_mb,
         score_queue_wait_s=cfg.score_trees_queue_wait_s,
         traffic_spool_mb=cfg.traffic_spool_mb, traffic_features_mb=cfg.traffic_features_mb,
-        speculative_policy=cfg.speculative_policy,
+        speculative_policy=cfg.speculative_policy, drafter_max_payload_mb=cfg.drafter_max_payload_mb,
         extra_args=list(cfg.extra_sglang_args) + list(extra_args),
     )
 

@@ -182,11 +182,17 @@ def decode_tensors(data: bytes) -> Tuple[Dict[str, "object"], dict]:
         tensors = load(data)
     except Exception as exc:  # safetensors raises its own error types for truncated/garbled input
         raise ValueError(f"malformed safetensors payload: {exc}") from None
+    header_len = int.from_bytes(data[:8], "little")
+    return tensors, specopd_header(data[8 : 8 + header_len])
+
+
+def specopd_header(safetensors_header: bytes) -> dict:
+    """The specopd header of a payload whose safetensors JSON header is ``safetensors_header`` (already parsed by
+    safetensors, which bounds its nesting). Raises ``ValueError`` on a malformed one."""
     from sglang_specopd.wire.strict_json import loads
 
-    header_len = int.from_bytes(data[:8], "little")
-    try:  # the safetensors header parsed once already (by safetensors, which bounds its nesting)
-        meta = json.loads(data[8 : 8 + header_len]).get("__metadata__", {}) or {}
+    try:
+        meta = json.loads(safetensors_header).get("__metadata__", {}) or {}
     except (ValueError, AttributeError, RecursionError) as exc:
         raise ValueError(f"malformed safetensors payload: {type(exc).__name__}") from None
     raw = meta.get("specopd", "{}")
@@ -196,7 +202,7 @@ def decode_tensors(data: bytes) -> Tuple[Dict[str, "object"], dict]:
         raise ValueError(f"malformed payload: {exc}") from None
     if not isinstance(header, dict):
         raise ValueError(f"malformed payload: the specopd header must be a JSON object, got {type(header).__name__}")
-    return tensors, header
+    return header
 
 
 _INT_DTYPES = ("torch.int32", "torch.int64")
