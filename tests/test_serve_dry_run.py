@@ -36,7 +36,7 @@ def _fixture_args(config: str) -> list[str]:
 
 
 def test_every_gpu_config_is_covered() -> None:
-    assert GPU_CONFIGS == ["gpu-qwen3-8b-dflash", "gpu-qwen3-next-gdn"]
+    assert GPU_CONFIGS == ["gpu-qwen3-8b-adapt", "gpu-qwen3-8b-dflash", "gpu-qwen3-next-gdn"]
 
 
 @pytest.mark.parametrize("config", GPU_CONFIGS)
@@ -57,8 +57,16 @@ def test_gpu_config_dry_run(config: str) -> None:
     assert pairs["--speculative-dflash-block-size"] == str(cfg["block_size"]) and pairs["--device"] == "cuda"
     assert all(a in cmd for a in cfg.get("extra_sglang_args", []))
     env = dict(a.split("=", 1) for a in argv[:argv.index("-m") - 1])
-    assert env["SPECOPD_PREFIX_CACHE_MB"] == "0" and "SGLANG_USE_CPU_ENGINE" not in env
-    if config == "gpu-qwen3-8b-dflash":  # the z-lab drafter's config, resolved as SGLang resolves it
+    assert env["SPECOPD_PREFIX_CACHE_MB"] == str(cfg.get("score_trees_prefix_cache_mb", 0))
+    assert "SGLANG_USE_CPU_ENGINE" not in env
+    # every GPU config scores in pieces (generation never stalls for a whole score request)
+    assert int(env["SPECOPD_SCORE_BUDGET_TOKENS"]) == cfg["score_trees_budget_tokens"] > 0
+    if config == "gpu-qwen3-8b-adapt":  # spool, served features, goodput, real-size drafter pushes
+        assert env["SPECOPD_TRAFFIC_SPOOL_BYTES"] == str(256 * 2**20)
+        assert env["SPECOPD_TRAFFIC_FEATURES_BYTES"] == str(8192 * 2**20)
+        assert env["SPECOPD_DRAFTER_MAX_PAYLOAD_MB"] == "4096" and pairs["--served-model-name"] == "qwen3-8b"
+        assert json.loads(env["SPECOPD_SPECULATIVE_POLICY"])["policy"] == "goodput"
+    if config in ("gpu-qwen3-8b-dflash", "gpu-qwen3-8b-adapt"):  # the z-lab drafter's config, resolved as SGLang resolves it
         assert "ok: sglang will use: block_size 16 (top-level block_size)" in lines
         assert "ok: sglang will use: target_layer_ids [1, 9, 17, 25, 33] (dflash_config.target_layer_ids)" in lines
         assert "ok: sglang will use: mask_token_id 151669 (dflash_config.mask_token_id)" in lines

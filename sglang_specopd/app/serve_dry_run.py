@@ -79,6 +79,7 @@ def dry_run(cfg: ServeConfig, *, host: str = "127.0.0.1", port: int = 30000, api
     from sglang_specopd.app.cpu_dtype import resolve_dtype
     from sglang_specopd.app.launch import LaunchSpec, server_env
     from sglang_specopd.server.drafter_upload import limit_env
+    from sglang_specopd.wire.policy import policy_env
     from sglang_specopd.app.models import ModelsError, resolve_target
     from sglang_specopd.app.serve import choose_drafter, random_drafter_refusal
 
@@ -150,6 +151,6 @@ def dry_run(cfg: ServeConfig, *, host: str = "127.0.0.1", port: int = 30000, api
     out.argv = spec.argv()
     env = server_env(cfg.device, prefix_cache_mb=spec.prefix_cache_mb, score=spec.score_settings(),
                      traffic_spool_mb=spec.traffic_spool_mb, traffic_features_mb=spec.traffic_features_mb)
-    env.update(limit_env(cfg.drafter_max_payload_mb))
+    env.update({**policy_env(cfg.speculative_policy), **limit_env(cfg.drafter_max_payload_mb)})  # as start() adds
     out.env = {k: v for k, v in env.items() if os.environ.get(k) != v}
     return out
