@@ -70,7 +70,8 @@ class FakeSession:
         self.push_enabled = admin_key is not None
         SEEN["need_push"] = need_push
 
-    def load_drafter(self):
+    def load_drafter(self, device="cpu", dtype=None):
+        SEEN["load"] = (device, dtype)
         return FakeDrafter()
 
     def pusher(self, prefix, versions):
@@ -139,6 +140,45 @@ def test_dummy_algorithm_is_listed_and_runs_through_the_cli(dummy, no_server, tm
     assert "starting Dummy in" in res.stderr and "2 prompts" in res.stderr
     recorded = json.loads((run / "run_config.json").read_text())
     assert recorded["method"] == "dummy-algo" and recorded["greeting"] == "hi" and recorded["hidden_knob"] == 7
+
+
+def test_device_and_dtype_reach_the_drafter(dummy, no_server, tmp_path: Path, monkeypatch) -> None:
+    """Issue 54: ``--device`` / ``--dtype`` of every train command and ``specopd adapt`` (default cuda when
+    available, bf16 on cuda, float32 on cpu); ``--device cuda`` without CUDA is one error line, exit 2."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    base = ["train", "dummy-algo", "--server", "http://fake", "--admin-key", "k", "--data", "math", "--no-progress"]
+    for extra, want in (([], ("cpu", torch.float32)), (["--device", "cpu", "--dtype", "bfloat16"],
+                                                       ("cpu", torch.bfloat16)), (["--dtype", "fp16"],
+                                                                                  ("cpu", torch.float16))):
+        res = cli(*base, "--run-dir", str(tmp_path / f"r{len(SEEN)}"), *extra)
+        assert res.exit_code == 0, res.output
+        assert SEEN["load"] == want
+    line = one_error_line(cli(*base, "--device", "cuda"))
+    assert "--device cuda: no CUDA device is available here" in line and "--device cpu" in line
+    assert "bad option --dtype: 'int8'" in one_error_line(cli(*base, "--dtype", "int8"))
+    assert "no CUDA device" in one_error_line(cli("adapt", "--server", "http://fake", "--admin-key", "k",
+                                                  "--device", "cuda"))
+    from sglang_specopd.app.train_options import resolve_device_dtype
+
+    assert resolve_device_dtype(None, None, cuda_available=True) == ("cuda", torch.bfloat16)
+    assert resolve_device_dtype("cuda:1", "float32", cuda_available=True) == ("cuda:1", torch.float32)
+
+
+def test_the_session_loads_drafter_and_target_head_on_the_device_in_the_dtype(tiny_drafter, tiny_target) -> None:
+    import torch
+
+    from sglang_specopd.app.train_session import _Session
+
+    sess = object.__new__(_Session)  # no server: only what load_drafter reads
+    sess.init, sess.target, sess.push_enabled = tiny_drafter, tiny_target, False
+    for dtype in (torch.bfloat16, torch.float32):
+        drafter = sess.load_drafter("cpu", dtype)
+        assert {p.dtype for p in drafter.parameters()} == {dtype}
+        assert {p.device.type for p in drafter.parameters()} == {"cpu"}
+        head = drafter.target_head
+        assert head.embed.dtype == head.lm_head.dtype == dtype and head.lm_head.device.type == "cpu"
 
 
 def test_specopd_command_defaults_are_the_validated_recipe(monkeypatch) -> None:

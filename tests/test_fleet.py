@@ -17,7 +17,7 @@ import pytest
 
 from sglang_specopd.app.fleet_control import check_no_live_fleet, cli_argv, stop_fleet
 from sglang_specopd.app.fleet_plan import (FleetError, FleetOptions, RouterSpec, cpu_list, pinned_argv, plan_cores,
-                                           router_argv, worker_ports)
+                                           plan_gpus, router_argv, tp_args, visible_gpus, worker_ports)
 from sglang_specopd.app.fleet_state import (FleetState, ProcessRecord, is_alive, read_state, start_ticks,
                                             state_path, write_state)
 
@@ -76,7 +76,8 @@ def test_the_detached_command_line_has_every_option_and_no_key() -> None:
 
     _register_subcommands()
     opts = FleetOptions(config="cpu-smollm2", workers=3, run_dir="runs/f", host="0.0.0.0", port=31000,
-                        worker_base_port=32000, pin_cores=True, api_key="secret-a", admin_api_key="secret-b",
+                        worker_base_port=32000, pin_cores=True, gpus_per_worker=2, tp_size=2,
+                        api_key="secret-a", admin_api_key="secret-b",
                         drafter="/d", policy="round_robin", sglang_args=("--log-level=debug",),
                         router_args=("--health-check-interval-secs=5",), timeout=60.0)
     argv = cli_argv(opts)
@@ -88,6 +89,51 @@ def test_the_detached_command_line_has_every_option_and_no_key() -> None:
             p["drafter"], p["policy"], p["timeout"], p["detach"]) == (
         "cpu-smollm2", 3, "runs/f", "0.0.0.0", 31000, 32000, True, "/d", "round_robin", 60.0, False)
     assert p["sglang_arg"] == ["--log-level=debug"] and p["router_arg"] == ["--health-check-interval-secs=5"]
+    assert (p["gpus_per_worker"], p["tp_size"]) == (2, 2)
+
+
+def test_gpus_per_worker_are_consecutive_slices() -> None:
+    """Issue 54: worker i gets GPUs i*N..i*N+N-1, of the supervisor's CUDA_VISIBLE_DEVICES list when set."""
+    assert plan_gpus(3, 2) == ["0,1", "2,3", "4,5"] and plan_gpus(2, None) == [None, None]
+    assert plan_gpus(2, 1, ["4", "6", "7"]) == ["4", "6"]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "4, 5,6,7"}) == ["4", "5", "6", "7"] and visible_gpus({}) is None
+    with pytest.raises(FleetError, match="needs 6 GPUs; CUDA_VISIBLE_DEVICES lists 4"):
+        plan_gpus(3, 2, ["0", "1", "2", "3"])
+    with pytest.raises(FleetError, match="--gpus-per-worker must be at least 1"):
+        plan_gpus(2, 0)
+
+
+def test_tp_size_is_passed_to_every_worker_and_checked() -> None:
+    assert tp_args(2, 2, ["--log-level", "info"]) == ["--tp-size", "2"]
+    assert tp_args(None, None, ["--tp-size", "4"]) == [] and tp_args(4, 4, ["--tp-size=4"]) == []
+    with pytest.raises(FleetError, match="conflicts with --tp-size 4"):
+        tp_args(2, None, ["--tp-size", "4"])
+    with pytest.raises(FleetError, match="--tp-size 4 needs 4 GPUs per worker; --gpus-per-worker is 2"):
+        tp_args(4, 2, [])
+    with pytest.raises(FleetError, match="--tp-size 4 needs 4 GPUs"):  # the config's own --tp-size too
+        tp_args(None, 2, ["--tp-size", "4"])
+
+
+def test_fleet_plan_gives_each_worker_its_gpus_and_tp_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fleet.prepare (nothing started): each worker's LaunchSpec carries its CUDA_VISIBLE_DEVICES and --tp-size;
+    --gpus-per-worker defaults to --tp-size."""
+    from sglang_specopd.app import serve
+    from sglang_specopd.app.fleet import Fleet
+    from sglang_specopd.app.launch import LaunchSpec, free_port
+
+    monkeypatch.setattr(serve, "launch_spec", lambda cfg, host, port, extra_args, **kw: LaunchSpec(
+        model_path=cfg.target, host=host, port=port, extra_args=list(cfg.extra_sglang_args) + list(extra_args)))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3,4,5,6,7")
+    port = free_port()
+    fleet = Fleet(FleetOptions(config="gpu-qwen3-8b-dflash", workers=3, run_dir=str(tmp_path / "f"), port=port,
+                               worker_base_port=port + 10, tp_size=2)).prepare()
+    assert [s.cuda_visible_devices for s in fleet.specs] == ["2,3", "4,5", "6,7"]
+    for spec in fleet.specs:
+        argv = spec.argv()
+        assert argv[argv.index("--tp-size") + 1] == "2"
+    with pytest.raises(FleetError, match="needs 8 GPUs"):
+        Fleet(FleetOptions(config="gpu-qwen3-8b-dflash", workers=4, run_dir=str(tmp_path / "g"), port=port,
+                           worker_base_port=port + 10, gpus_per_worker=2)).prepare()
 
 
 def _record(role: str, proc: subprocess.Popen, index: int = 0, **kw) -> ProcessRecord:

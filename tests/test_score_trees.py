@@ -36,6 +36,7 @@ from support.score_trees import (  # noqa: F401  (shared_server: the module-scop
     shared_server,
 )
 from sglang_specopd.wire.protocol import (
+    ADMIN_KEY_HEADER,
     BINARY_CONTENT_TYPE,
     SCORE_TREES_PATH,
     ScoreTreesRequest,
@@ -282,7 +283,7 @@ def test_features_do_not_depend_on_trees(shared_server: Shared) -> None:
         feats.append(tensors["ref0.features"])
     for f in feats[1:]:
         assert (f - feats[0]).abs().max() < 1e-5
-    with SpecOPDClient(shared_server.url, retries=0) as client:
+    with SpecOPDClient(shared_server.url, retries=0, admin_api_key=ADMIN_KEY) as client:
         ctx = client.context_features(ids, layers)
         assert ctx.shape == (len(ids), len(layers) * H) and (ctx - feats[0]).abs().max() < 1e-5
         # a single layer is the matching slice of the two-layer features
@@ -317,7 +318,7 @@ def test_client_score_trees(shared_server: Shared, exactness) -> None:
     from specopd_trainer.client import ServerRequestError, SpecOPDClient
 
     req = exactness[0]
-    with SpecOPDClient(shared_server.url, retries=0) as client:
+    with SpecOPDClient(shared_server.url, retries=0, admin_api_key=ADMIN_KEY) as client:
         out = client.score_trees(req)
         assert len(out) == 2
         for i, sr in enumerate(out):
@@ -348,7 +349,7 @@ def test_trie_packed_branches_equal_chain_branches(shared_server: Shared) -> Non
     trie = ScoreTreesRequest(references=[{"input_ids": prefix, "trees": [
         {"anchor": a, "tokens": packed.tokens[j], "parents": packed.parents[j]} for j, a in enumerate(anchors)]}],
         block_size=4, returns=["hidden"])
-    with SpecOPDClient(shared_server.url, retries=0) as client:
+    with SpecOPDClient(shared_server.url, retries=0, admin_api_key=ADMIN_KEY) as client:
         h_chain = client.score_trees(chain)[0].hidden
         h_trie = client.score_trees(trie)[0].hidden
     assert h_trie.shape[0] == n_anchors + packed.num_nodes
@@ -371,7 +372,7 @@ def test_root_only_trees_return_their_anchor_rows(shared_server: Shared) -> None
         block_size=4, returns=["hidden"])
     roots = ScoreTreesRequest(references=[{"input_ids": prefix, "trees": [
         {"anchor": a, "tokens": []} for a in (2, 9, 15)]}], block_size=4, returns=["hidden"])
-    with SpecOPDClient(shared_server.url, retries=0) as client:
+    with SpecOPDClient(shared_server.url, retries=0, admin_api_key=ADMIN_KEY) as client:
         h_full = client.score_trees(full)[0].hidden  # [3 anchors + 6 nodes, H]
         h_mixed = client.score_trees(mixed)[0].hidden  # [3 anchors + 2 nodes, H]
         h_roots = client.score_trees(roots)[0].hidden  # [3 anchors, H]
@@ -403,7 +404,7 @@ def test_prefix_cache_hits_equal_full_forwards(shared_server: Shared) -> None:
         return ScoreTreesRequest(references=[{"input_ids": prefix, "trees": tr}], block_size=4,
                                  returns=["hidden", "logprobs"], **kw)
 
-    with SpecOPDClient(shared_server.url, retries=0) as client:
+    with SpecOPDClient(shared_server.url, retries=0, admin_api_key=ADMIN_KEY) as client:
         first = client.score_trees(req(trees(1)))[0]
         again = client.score_trees(req(trees(1)))[0]
         other = client.score_trees(req(trees(2)))[0]
@@ -496,6 +497,22 @@ def test_reference_past_the_context_length_is_400(shared_server: Shared) -> None
     too_long = {"input_ids": [5] * (ctx + 3)}
     assert_4xx(post_score(shared_server.url, {"references": [too_long], "block_size": 4,
                                               "feature_layer_ids": [0]}), "context")
+
+
+def test_hidden_and_features_need_the_admin_key(shared_server: Shared) -> None:
+    """Issue 54: the target's hidden states and context features are admin-only (401 with the reason without the
+    key, in the header or as the bearer on this server without --api-key); top-k needs no key."""
+    ref = {"input_ids": [5, 6, 7, 8], "trees": [{"anchor": 1, "branches": [[9, 10]]}]}
+    for extra in ({"returns": ["hidden"]}, {"feature_layer_ids": [0]}):
+        req = {"references": [ref], "block_size": 4, **extra}
+        r = post_score(shared_server.url, req, admin_key=None)
+        assert r.status_code == 401, (r.status_code, r.text[:300])
+        assert "admin key" in r.json()["error"]["message"] and ADMIN_KEY_HEADER in r.json()["error"]["message"]
+        assert post_score(shared_server.url, req).status_code == 200
+        r = httpx.post(shared_server.url + SCORE_TREES_PATH, content=json.dumps(req),
+                       headers={"Content-Type": "application/json", **shared_server.admin_headers}, timeout=60)
+        assert r.status_code == 200, r.text[:300]
+    assert post_score(shared_server.url, {"references": [ref], "block_size": 4}, admin_key=None).status_code == 200
 
 
 def _binary_parts(shared: Shared):
@@ -663,7 +680,7 @@ def test_prefix_cache_stats_and_admin_clear(shared_server: Shared) -> None:
 
     req = ScoreTreesRequest(references=[{"input_ids": list(range(30, 48)), "trees": [{"anchor": 3, "tokens": []}]}],
                             block_size=4, returns=["hidden"])
-    with SpecOPDClient(shared_server.url, retries=0) as client, \
+    with SpecOPDClient(shared_server.url, retries=0, admin_api_key=ADMIN_KEY) as client, \
             SpecOPDClient(shared_server.url, retries=0, admin_api_key=ADMIN_KEY) as admin:
         before = client.prefix_cache()
         client.score_trees(req)
@@ -687,7 +704,7 @@ def test_prefix_cache_is_cleared_when_the_target_weights_change(shared_server: S
     prefix = list(range(5, 25))
     req = ScoreTreesRequest(references=[{"input_ids": prefix, "trees": [{"anchor": 4, "branches": [[7, 8]]}]}],
                             block_size=4, returns=["hidden"])
-    with SpecOPDClient(shared_server.url, retries=0) as client:
+    with SpecOPDClient(shared_server.url, retries=0, admin_api_key=ADMIN_KEY) as client:
         before = client.score_trees(req)[0]
         assert client.score_trees(req)[0].prefix_cache == "hit"
         r = httpx.post(shared_server.url + "/update_weights_from_disk", json={"model_path": str(shared_server.target)},

@@ -23,8 +23,8 @@ import httpx
 import pytest
 import torch
 
+from support.hybrid_server import BLOCK_SIZE, HYBRID_ADMIN_KEY, hybrid_specopd_server  # noqa: F401  (a shared fixture)
 from support.score_trees import assert_4xx, node_paths, post_score, random_tree, score
-from support.hybrid_server import BLOCK_SIZE, hybrid_specopd_server  # noqa: F401  (a shared fixture)
 from sglang_specopd.wire.protocol import ScoreTreesRequest
 
 pytestmark = pytest.mark.server
@@ -76,7 +76,7 @@ def scored(hybrid_server, hybrid_target: Path):
 
     vocab = json.loads((hybrid_target / "config.json").read_text())["vocab_size"]
     req = _request(vocab)
-    tensors, header = score(hybrid_server.url, req)
+    tensors, header = score(hybrid_server.url, req, admin_key=HYBRID_ADMIN_KEY)
     nodes, singles = [], []
     for i, ref in enumerate(req.references):
         base = len(ref.trees)
@@ -89,7 +89,7 @@ def scored(hybrid_server, hybrid_target: Path):
             base += len(toks)
     single_req = ScoreTreesRequest(references=singles, block_size=SCORE_BLOCK, returns=["topk", "logprobs"],
                                    top_k=TOP_K)
-    return req, tensors, header, nodes, score(hybrid_server.url, single_req)[0]
+    return req, tensors, header, nodes, score(hybrid_server.url, single_req, admin_key=HYBRID_ADMIN_KEY)[0]
 
 
 def test_nodes_equal_their_own_sequence(scored) -> None:
@@ -134,7 +134,7 @@ def test_features_equal_transformers_hidden_states(hybrid_server, hybrid_target:
                "feature_layer_ids": FEATURE_LAYERS, "returns": ["hidden"]}
               for trees in ([{"anchor": 3, "branches": [[5, 6, 7]]}],
                             [{"anchor": 30, "tokens": [9, 8, 7], "parents": [-1, 0, 0]}])]
-    feats = [score(hybrid_server.url, body)[0]["ref0.features"] for body in bodies]
+    feats = [score(hybrid_server.url, body, admin_key=HYBRID_ADMIN_KEY)[0]["ref0.features"] for body in bodies]
     assert torch.equal(feats[0], feats[1])  # the context does not depend on the trees
     model = AutoModelForCausalLM.from_pretrained(hybrid_target, dtype=torch.float32).eval()
     with torch.no_grad():

@@ -54,6 +54,19 @@ def test_no_trained_drafter_serves_the_random_default(home: Path, tiny_target: P
     assert choice.how == DEFAULT_HOW
 
 
+def test_serve_refuses_the_random_default_unless_allowed(home: Path, tiny_target: Path) -> None:
+    """`specopd serve` (resolve_drafter): `drafter: default` with no shipped drafter is refused with the key to
+    set; with allow_random_drafter: true the random-init drafter is made and served (issue 54)."""
+    from sglang_specopd.app.serve import DrafterInvalidError, resolve_drafter
+
+    with pytest.raises(DrafterInvalidError, match="allow_random_drafter: true"):
+        resolve_drafter(_cfg(tiny_target), tiny_target)
+    random_dir = home / "drafters" / f"{tiny_target.name}-b{BLOCK}-l2"
+    assert not random_dir.exists()  # nothing was made
+    assert resolve_drafter(_cfg(tiny_target, allow_random_drafter=True), tiny_target) == random_dir
+    assert (random_dir / "config.json").is_file()
+
+
 def test_newest_trained_drafter_wins(home: Path, tiny_target: Path, tiny_drafter: Path) -> None:
     cfg = _cfg(tiny_target)
     sft = _place(tiny_drafter, _sft(home, tiny_target), 1_000_000)

@@ -36,7 +36,7 @@ def _fixture_args(config: str) -> list[str]:
 
 
 def test_every_gpu_config_is_covered() -> None:
-    assert GPU_CONFIGS == ["gpu-qwen3-8b-dflash", "gpu-qwen3-next-gdn"]
+    assert GPU_CONFIGS == ["gpu-qwen3-8b-adapt", "gpu-qwen3-8b-dflash", "gpu-qwen3-next-gdn"]
 
 
 @pytest.mark.parametrize("config", GPU_CONFIGS)
@@ -51,13 +51,22 @@ def test_gpu_config_dry_run(config: str) -> None:
     cmd = argv[argv.index("-m"):]
     assert cmd[:2] == ["-m", "sglang.launch_server"]
     pairs = dict(zip(cmd[2::1], cmd[3::1]))
-    assert pairs["--model-path"] == cfg["target"] and pairs["--served-model-name"] == Path(cfg["target"]).name
+    assert pairs["--model-path"] == cfg["target"]
+    assert pairs["--served-model-name"] == cfg.get("served_model_name", Path(cfg["target"]).name)
     assert pairs["--speculative-algorithm"] == "SPECOPD" and pairs["--speculative-draft-model-path"] == cfg["drafter"]
     assert pairs["--speculative-dflash-block-size"] == str(cfg["block_size"]) and pairs["--device"] == "cuda"
     assert all(a in cmd for a in cfg.get("extra_sglang_args", []))
     env = dict(a.split("=", 1) for a in argv[:argv.index("-m") - 1])
-    assert env["SPECOPD_PREFIX_CACHE_MB"] == "0" and "SGLANG_USE_CPU_ENGINE" not in env
-    if config == "gpu-qwen3-8b-dflash":  # the z-lab drafter's config, resolved as SGLang resolves it
+    assert env["SPECOPD_PREFIX_CACHE_MB"] == str(cfg.get("score_trees_prefix_cache_mb", 0))
+    assert "SGLANG_USE_CPU_ENGINE" not in env
+    # every GPU config scores in pieces (generation never stalls for a whole score request)
+    assert int(env["SPECOPD_SCORE_BUDGET_TOKENS"]) == cfg["score_trees_budget_tokens"] > 0
+    if config == "gpu-qwen3-8b-adapt":  # spool, served features, goodput, real-size drafter pushes
+        assert env["SPECOPD_TRAFFIC_SPOOL_BYTES"] == str(256 * 2**20)
+        assert env["SPECOPD_TRAFFIC_FEATURES_BYTES"] == str(8192 * 2**20)
+        assert env["SPECOPD_DRAFTER_MAX_PAYLOAD_MB"] == "4096" and pairs["--served-model-name"] == "qwen3-8b"
+        assert json.loads(env["SPECOPD_SPECULATIVE_POLICY"])["policy"] == "goodput"
+    if config in ("gpu-qwen3-8b-dflash", "gpu-qwen3-8b-adapt"):  # the z-lab drafter's config, resolved as SGLang resolves it
         assert "ok: sglang will use: block_size 16 (top-level block_size)" in lines
         assert "ok: sglang will use: target_layer_ids [1, 9, 17, 25, 33] (dflash_config.target_layer_ids)" in lines
         assert "ok: sglang will use: mask_token_id 151669 (dflash_config.mask_token_id)" in lines
@@ -82,6 +91,9 @@ def _variant(tmp_path: Path, config: str, **update) -> Path:
                                                    "--tp-size 12"),
     ({"attention_backend": "flash"}, [], "error: attention_backend 'flash' is not one of SGLang 0.5.23's: "),
     ({"speculative_algorithm": "DSPARK"}, [], "--speculative-algorithm DSPARK serves DSPARK drafters only"),
+    ({"drafter": "default"}, [], "error: config 'gpu-qwen3-8b-dflash': `drafter: default` but no drafter ships for "
+                                 "Qwen3-8B (block 16), so it would serve a random-init drafter; set "
+                                 "allow_random_drafter: true"),
 ])
 def test_what_sglang_would_refuse_fails(tmp_path: Path, update: dict, extra: list, error: str) -> None:
     res = _invoke("--config", str(_variant(tmp_path, "gpu-qwen3-8b-dflash", **update)),
@@ -89,6 +101,18 @@ def test_what_sglang_would_refuse_fails(tmp_path: Path, update: dict, extra: lis
     assert res.exit_code == 2, res.output
     assert any(error in line for line in res.stderr.splitlines()), res.stderr
     assert "sglang.launch_server" in res.stdout  # the command is still shown
+
+
+def test_served_model_name_and_allowed_random_drafter(tmp_path: Path) -> None:
+    """``served_model_name`` becomes SGLang's ``--served-model-name``; ``allow_random_drafter: true`` lets
+    ``drafter: default`` serve the random-init drafter of a target with none shipped (issue 54)."""
+    res = _invoke("--config", str(_variant(tmp_path, "gpu-qwen3-8b-dflash", served_model_name="qwen3-8b",
+                                           drafter="default", allow_random_drafter=True)),
+                  *_fixture_args("gpu-qwen3-8b-dflash"))
+    assert res.exit_code == 0, res.output
+    argv = shlex.split(res.stdout.strip().splitlines()[-1])
+    assert argv[argv.index("--served-model-name") + 1] == "qwen3-8b"
+    assert "allow_random_drafter" not in res.stderr
 
 
 def test_drafter_refused_by_sglang_and_block_mismatch(tmp_path: Path) -> None:

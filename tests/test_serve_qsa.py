@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from conftest import running_server
-from support.qsa_server import EXTRA_ARGS, qsa_specopd_server  # noqa: F401  (a shared fixture)
+from support.qsa_server import EXTRA_ARGS, QSA_ADMIN_KEY, qsa_specopd_server  # noqa: F401  (a shared fixture)
 
 pytestmark = pytest.mark.server
 
@@ -118,7 +118,7 @@ def test_score_trees_nodes_equal_sglang_prefill_of_each_branch(qsa_server, serve
 
     prefix = _prompts()["sparse-90"][:60]
     req = _tree_request(prefix)
-    tensors, header = score(qsa_server.url, req)
+    tensors, header = score(qsa_server.url, req, admin_key=QSA_ADMIN_KEY)
     head = header["references"][0]
     assert head["prefix_cache"] == "off"
     # what the QSA layers computed, per tree in packing order (anchors 12, 33, 46, 31, 34, 57): the anchor-12 tree's
@@ -189,7 +189,7 @@ def test_score_trees_features_equal_transformers_mixed_attention_inputs(qsa_serv
     ids, layers = _prompts()["sparse-45"], [1, 2, 5]
     body = {"references": [{"input_ids": ids, "trees": [{"anchor": 40, "branches": [[7, 8]]}]}],
             "block_size": 4, "returns": ["hidden"], "feature_layer_ids": layers}
-    feats = score(qsa_server.url, body)[0]["ref0.features"]
+    feats = score(qsa_server.url, body, admin_key=QSA_ADMIN_KEY)[0]["ref0.features"]
     model = load_tiny_qwen4exp(qsa_target)
     seen = {}
     hooks = [model.model.layers[i + 1].attn_hyper_connection.register_forward_hook(

@@ -20,10 +20,12 @@ from typing import Any, Dict, List, Optional
 import typer
 
 from sglang_specopd.app.cli_apps import app
-from sglang_specopd.app.train_options import (SERVER_NAMES, _config, _guarded, _o_admin_key, _o_api_key, _o_init,
-                                               _o_target, _TrainFail, server_parameters)
+from sglang_specopd.app.train_options import (SERVER_NAMES, _config, _guarded, _o_admin_key, _o_api_key,
+                                               _o_device, _o_dtype, _o_init, _o_target, _TrainFail,
+                                               resolve_device_dtype, server_parameters)
 
-_SESSION = (*SERVER_NAMES, "admin_key", "api_key", "init", "target", "run_dir", "set_", "summary_json", "progress")
+_SESSION = (*SERVER_NAMES, "admin_key", "api_key", "init", "target", "device", "dtype", "run_dir", "set_",
+            "summary_json", "progress")
 _HIDDEN = ("algorithm_options",)
 
 
@@ -67,7 +69,8 @@ def _session_parameters() -> List[inspect.Parameter]:
     kw = inspect.Parameter.KEYWORD_ONLY
     opts = [("admin_key", Optional[str], _o_admin_key()),
             ("api_key", Optional[str], _o_api_key()), ("init", Optional[Path], _o_init()),
-            ("target", Optional[str], _o_target()),
+            ("target", Optional[str], _o_target()), ("device", Optional[str], _o_device()),
+            ("dtype", Optional[str], _o_dtype()),
             ("run_dir", Path, typer.Option(Path("runs/adapt"), "--run-dir", help="Traffic buffers, checkpoints, "
                                            "metrics.jsonl; an existing run resumes.")),
             ("set_", List[str], typer.Option([], "--set", help="KEY=VALUE: a field of the algorithm's config "
@@ -81,7 +84,7 @@ def _session_parameters() -> List[inspect.Parameter]:
 def run_adapt(*, server: Optional[str], admin_key: Optional[str], api_key: Optional[str], init: Optional[Path],
               target: Optional[str], run_dir: Path, set_: List[str], summary_json: Optional[Path], progress: bool,
               workers: Optional[str] = None, router: Optional[str] = None, fleet_run_dir: Optional[Path] = None,
-              **fields) -> Dict[str, Any]:
+              device: Optional[str] = None, dtype: Optional[str] = None, **fields) -> Dict[str, Any]:
     """The body of ``specopd adapt``; returns the run's summary. Raises :class:`_TrainFail` on bad options, a server
     without a spool or admin key, a drafter the server would refuse, or a fleet whose workers serve different
     targets or drafters (``--workers`` / ``--fleet-run-dir``: :mod:`sglang_specopd.app.fleet_session`)."""
@@ -90,6 +93,7 @@ def run_adapt(*, server: Optional[str], admin_key: Optional[str], api_key: Optio
     from specopd_trainer.adapt.loop import AdaptError, Adapter
 
     cfg = _config(AdaptConfig, {}, {**fields, "algorithm_options": _parse_sets(set_)})
+    device, torch_dtype = resolve_device_dtype(device, dtype)
     ends = resolve_endpoints(server, workers, router, fleet_run_dir, api_key)
     say = lambda msg: typer.echo(msg, err=True)  # noqa: E731
     if not admin_key:
@@ -97,7 +101,7 @@ def run_adapt(*, server: Optional[str], admin_key: Optional[str], api_key: Optio
                          "SPECOPD_ADMIN_KEY) with the server's --admin-api-key")
     sess = open_session(ends, api_key, admin_key, init, target, need_push=True, say=say)
     sess.check_traffic()
-    drafter = sess.load_drafter()
+    drafter = sess.load_drafter(device, torch_dtype)
     try:
         adapter = Adapter(sess.client, drafter, run_dir, cfg, push=sess.push, serving_version=sess.serving_version,
                           progress=progress)

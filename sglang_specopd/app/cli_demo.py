@@ -48,6 +48,8 @@ def demo(
             prepare_model(cfg.target)
         choice = choose_drafter(cfg, resolve_target(cfg.target), override=drafter, prefer_trained=True)
         chosen = None if choice.path is None or choice.how == DEFAULT_HOW else str(choice.path)
+        if choice.how == DEFAULT_HOW:  # the demo says so (drafter: ... line below)
+            cfg = cfg.model_copy(update={"allow_random_drafter": True})
         spec = launch_spec(cfg, port=port or free_port(), drafter=chosen)
     except (ConfigError, ServeError, ModelsError) as exc:
         typer.echo(f"error: {exc}", err=True)

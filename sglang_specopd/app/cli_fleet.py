@@ -31,6 +31,11 @@ def start(
                                                    "(default: --port + 1)."),
     pin_cores: bool = typer.Option(False, "--pin-cores", help="Pin worker i to its own slice of this process's CPU "
                                    "cores (core i mod ncores when there are fewer cores than workers)."),
+    gpus_per_worker: Optional[int] = typer.Option(None, "--gpus-per-worker", min=1, help="GPUs of each worker: "
+                                                  "worker i gets GPUs i*N..i*N+N-1 (its CUDA_VISIBLE_DEVICES, of "
+                                                  "this shell's list when set). Default: --tp-size when given."),
+    tp_size: Optional[int] = typer.Option(None, "--tp-size", min=1, help="Every worker's tensor-parallel size "
+                                          "(SGLang's --tp-size; at most --gpus-per-worker)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPECOPD_API_KEY", help="Every worker's "
                                           "--api-key; the router then asks clients for it too."),
     admin_api_key: Optional[str] = typer.Option(None, "--admin-api-key", envvar="SPECOPD_ADMIN_KEY",
@@ -51,7 +56,8 @@ def start(
     from sglang_specopd.app.launch import ServeError
 
     opts = FleetOptions(config=config, workers=workers, run_dir=run_dir, host=host, port=port,
-                        worker_base_port=worker_base_port, pin_cores=pin_cores, api_key=api_key,
+                        worker_base_port=worker_base_port, pin_cores=pin_cores, gpus_per_worker=gpus_per_worker,
+                        tp_size=tp_size, api_key=api_key,
                         admin_api_key=admin_api_key, drafter=drafter, policy=policy, sglang_args=tuple(sglang_arg),
                         router_args=tuple(router_arg), timeout=timeout)
     if detach:

@@ -69,6 +69,17 @@ class ServeConfig(BaseModel):
                                      "block; goodput = k in 0..block_size-1 chosen before each verify from measured "
                                      "step costs and live acceptance (sglang_specopd.server.goodput, "
                                      "docs/goodput.md); GET /specopd/policy shows what it does")
+    drafter_max_payload_mb: Optional[float] = Field(
+        default=None, gt=0, allow_inf_nan=False,
+        description="largest drafter push (POST /specopd/drafter/swap or /stage body, streamed to a temporary file: "
+                    "sglang_specopd.server.drafter_upload; more: HTTP 413 naming this key) in MiB; unset: the "
+                    "payload limit, 64 MiB. A drafter directory the worker can read: push {\"path\": DIR} instead")
+    served_model_name: Optional[str] = Field(
+        default=None, min_length=1, description="the model id the OpenAI API reports (SGLang's --served-model-name; "
+                                                "default: the target directory's name)")
+    allow_random_drafter: bool = Field(
+        default=False, description="`drafter: default` on a target with no shipped drafter serves a random-init "
+                                   "drafter only with this set (else the server refuses to start)")
     checked_on_gpu: bool = False
     extra_sglang_args: List[str] = Field(default_factory=list)
 

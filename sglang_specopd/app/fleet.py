@@ -15,11 +15,12 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, List, Optional, Tuple
 
 from sglang_specopd.app.fleet_plan import (FleetError, FleetOptions, RouterSpec, available_cores, cpu_list,
-                                           plan_cores, worker_ports)
+                                           plan_cores, plan_gpus, tp_args, visible_gpus, worker_ports)
 from sglang_specopd.app.fleet_state import FleetState, ProcessRecord, Status, start_ticks, write_state
 
 
@@ -74,9 +75,13 @@ class Fleet:
         cfg = ServeConfig.load(config_path(o.config))
         self.config_name = cfg.name
         ports = worker_ports(o.workers, o.port, o.worker_base_port)
+        per_worker = o.gpus_per_worker if o.gpus_per_worker is not None else o.tp_size
+        extra = list(o.sglang_args) + tp_args(o.tp_size, per_worker, [*cfg.extra_sglang_args, *o.sglang_args])
+        gpus = plan_gpus(o.workers, per_worker, visible_gpus())
         check_port_free(o.host, o.port)
-        self.specs = [launch_spec(cfg, host=o.host, port=p, api_key=o.api_key, admin_api_key=o.admin_api_key,
-                                  drafter=o.drafter, extra_args=list(o.sglang_args)) for p in ports]
+        self.specs = [replace(launch_spec(cfg, host=o.host, port=p, api_key=o.api_key, admin_api_key=o.admin_api_key,
+                                          drafter=o.drafter, extra_args=extra), cuda_visible_devices=g)
+                      for p, g in zip(ports, gpus)]
         self.cores = list(plan_cores(o.workers, available_cores())) if o.pin_cores else [None] * o.workers
         if cfg.traffic_spool_mb > 0:
             self.say(ROUTER_DROPS_NOTE)
@@ -107,6 +112,7 @@ class Fleet:
                         for i, spec in enumerate(self.specs)]
         for i, w in enumerate(self.workers):
             pinned = f", cores {cpu_list(self.cores[i])}" if self.cores[i] else ""
+            pinned += f", GPUs {w.spec.cuda_visible_devices}" if w.spec.cuda_visible_devices is not None else ""
             self.say(f"worker {i}: starting {w.url}{pinned}; log {w.log_path}")
         self._pool = ThreadPoolExecutor(max_workers=len(self.workers), thread_name_prefix="fleet-start")
         self._starts = [self._pool.submit(w.start, self.opts.timeout) for w in self.workers]

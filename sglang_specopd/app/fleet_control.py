@@ -97,6 +97,9 @@ def cli_argv(opts: FleetOptions) -> List[str]:
         a += ["--worker-base-port", str(opts.worker_base_port)]
     if opts.pin_cores:
         a.append("--pin-cores")
+    for flag, value in (("--gpus-per-worker", opts.gpus_per_worker), ("--tp-size", opts.tp_size)):
+        if value is not None:
+            a += [flag, str(value)]
     if opts.drafter:
         a += ["--drafter", opts.drafter]
     a += [f"--sglang-arg={x}" for x in opts.sglang_args]

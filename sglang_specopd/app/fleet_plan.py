@@ -6,6 +6,9 @@ Pure functions (no process is started here), so every decision is unit-tested wi
 * :func:`plan_cores`: with ``--pin-cores``, worker ``i`` gets its own slice of the cores this process may use
   (``os.sched_getaffinity``): equal contiguous slices when there are at least as many cores as workers, else core
   ``i mod ncores``;
+* :func:`plan_gpus`: with ``--gpus-per-worker N``, worker ``i`` sees GPUs ``i*N .. i*N+N-1`` (its
+  ``CUDA_VISIBLE_DEVICES``; of the supervisor's own ``CUDA_VISIBLE_DEVICES`` list when that is set);
+  :func:`tp_args`: ``--tp-size`` for every worker, checked against those GPUs and the config's own flag;
 * :func:`cpu_list`: cores as SGLang and ``taskset`` write them (``0-3,8``);
 * :func:`router_argv`: the ``python -m sglang_router.launch_router`` command (the Rust load balancer of the
   ``sglang-router`` package; see ``docs/fleet.md``).
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 #: the routing policies ``sglang_router.launch_router --policy`` accepts (sglang-router 0.3.2)
 ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "manual")
@@ -69,6 +72,62 @@ def plan_cores(n_workers: int, available: Sequence[int]) -> List[Tuple[int, ...]
     return out
 
 
+def visible_gpus(environ: Optional[Mapping[str, str]] = None) -> Optional[List[str]]:
+    """The supervisor's ``CUDA_VISIBLE_DEVICES`` as a list of ids, None when it is not set (every GPU visible)."""
+    import os
+
+    raw = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
+    return None if raw is None else [g.strip() for g in raw.split(",") if g.strip()]
+
+
+def plan_gpus(n_workers: int, gpus_per_worker: Optional[int],
+              visible: Optional[Sequence[str]] = None) -> List[Optional[str]]:
+    """The ``CUDA_VISIBLE_DEVICES`` of each worker: worker ``i`` gets GPUs ``i*N .. i*N+N-1`` (N =
+    ``gpus_per_worker``) of ``visible`` (the supervisor's list, :func:`visible_gpus`) or, without one, of the ids
+    ``0, 1, ...``; None for every worker when ``gpus_per_worker`` is None (each inherits the supervisor's GPUs).
+
+    Raises:
+        FleetError: ``gpus_per_worker`` < 1, or fewer visible GPUs than ``n_workers * gpus_per_worker``.
+    """
+    if gpus_per_worker is None:
+        return [None] * n_workers
+    if gpus_per_worker < 1:
+        raise FleetError(f"--gpus-per-worker must be at least 1, got {gpus_per_worker}")
+    need = n_workers * gpus_per_worker
+    ids = list(visible) if visible is not None else [str(i) for i in range(need)]
+    if len(ids) < need:
+        raise FleetError(f"--workers {n_workers} x --gpus-per-worker {gpus_per_worker} needs {need} GPUs; "
+                         f"CUDA_VISIBLE_DEVICES lists {len(ids)} ({','.join(ids) or 'none'})")
+    return [",".join(ids[i * gpus_per_worker:(i + 1) * gpus_per_worker]) for i in range(n_workers)]
+
+
+def tp_args(tp_size: Optional[int], gpus_per_worker: Optional[int], worker_args: Sequence[str]) -> List[str]:
+    """The SGLang flags ``--tp-size`` adds to every worker (``worker_args``: the config's ``extra_sglang_args`` and
+    ``--sglang-arg`` flags, which may set it already).
+
+    Raises:
+        FleetError: ``tp_size`` < 1, another tensor-parallel size in ``worker_args``, or more ranks than the GPUs
+            each worker gets.
+    """
+    given, args = 1, list(worker_args)  # as sglang_specopd.app.serve_dry_drafter.tp_size reads it
+    for i, a in enumerate(args):
+        key, eq, val = a.partition("=")
+        if key in ("--tp-size", "--tp", "--tensor-parallel-size"):
+            try:
+                given = int(val if eq else args[i + 1])
+            except (ValueError, IndexError):
+                raise FleetError(f"{a} in {args} is not followed by an integer") from None
+    tp = given if tp_size is None else tp_size
+    if tp < 1:
+        raise FleetError(f"--tp-size must be at least 1, got {tp}")
+    if tp_size is not None and given not in (1, tp_size):
+        raise FleetError(f"--tp-size {tp_size} conflicts with --tp-size {given} in the config's extra_sglang_args "
+                         "or --sglang-arg")
+    if gpus_per_worker is not None and tp > gpus_per_worker:
+        raise FleetError(f"--tp-size {tp} needs {tp} GPUs per worker; --gpus-per-worker is {gpus_per_worker}")
+    return ["--tp-size", str(tp)] if tp_size is not None and given != tp_size else []
+
+
 def cpu_list(cores: Sequence[int]) -> str:
     """``[0, 1, 2, 3, 8]`` -> ``"0-3,8"`` (the list format of ``taskset -c``, ``numa_parse_cpustring`` and SGLang's
     ``SGLANG_CPU_OMP_THREADS_BIND``)."""
@@ -117,6 +176,8 @@ class FleetOptions:
     port: int = 30000  # the router's
     worker_base_port: Optional[int] = None  # default: port + 1
     pin_cores: bool = False
+    gpus_per_worker: Optional[int] = None  # CUDA_VISIBLE_DEVICES per worker (plan_gpus); None: --tp-size's or unset
+    tp_size: Optional[int] = None  # every worker's --tp-size (tp_args)
     api_key: Optional[str] = field(default=None, repr=False)
     admin_api_key: Optional[str] = field(default=None, repr=False)
     drafter: Optional[str] = None

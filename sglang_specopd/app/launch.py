@@ -95,6 +95,8 @@ class LaunchSpec:
     traffic_features_mb: float = 0  # context features captured while serving (server.traffic_features); 0 = off
     speculative_policy: str = "fixed"  # drafts verified per step: fixed (the block) | goodput (wire/policy.py)
     served_model_name: Optional[str] = None  # the model id the OpenAI API reports (default: SGLang's, the path)
+    drafter_max_payload_mb: Optional[float] = None  # drafter push limit (server.drafter_upload); None: payload limit
+    cuda_visible_devices: Optional[str] = None  # the server's GPUs (specopd fleet start --gpus-per-worker); None: as is
     extra_args: List[str] = field(default_factory=list)
 
     def score_settings(self):
@@ -198,6 +200,11 @@ class SGLangServer:
         from sglang_specopd.wire.policy import policy_env
 
         env.update(policy_env(self.spec.speculative_policy))
+        from sglang_specopd.server.drafter_upload import limit_env
+
+        env.update(limit_env(self.spec.drafter_max_payload_mb))
+        if self.spec.cuda_visible_devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.spec.cuda_visible_devices
         self.tmpdir = make_private_tmpdir(env)
         argv = self.spec.argv()
         if self.cpu_cores:

@@ -43,6 +43,9 @@ def resolve_drafter(cfg: ServeConfig, target_dir: Path) -> Optional[Path]:
     from sglang_specopd.app.drafter_check import check_drafter
 
     drafter = choose_drafter(cfg, target_dir).path  # one place decides reference vs random-init default
+    refused = random_drafter_refusal(cfg, target_dir, drafter)
+    if refused:
+        raise DrafterInvalidError(refused)
     if cfg.drafter == "default" and not (drafter / "config.json").is_file():  # the random-init default, once
         from sglang_specopd.wire.drafter_init import init_drafter
 
@@ -54,6 +57,18 @@ def resolve_drafter(cfg: ServeConfig, target_dir: Path) -> Optional[Path]:
         raise DrafterInvalidError(f"drafter {drafter} does not fit target {target_dir}:\n{lines}")
     serving_algorithm(drafter, cfg.speculative_algorithm)
     return drafter
+
+
+def random_drafter_refusal(cfg: ServeConfig, target_dir: Path, drafter: Optional[Path]) -> Optional[str]:
+    """Why ``cfg`` may not serve ``drafter`` (one line), or None: ``drafter: default`` resolved to the random-init
+    default drafter (no reference drafter ships for the target and block size) and the config does not set
+    ``allow_random_drafter: true`` (a random drafter is accepted almost never: slower than no drafter)."""
+    block = cfg.block_size or DEFAULT_BLOCK_SIZE
+    if cfg.drafter != "default" or cfg.allow_random_drafter or drafter != default_drafter_dir(target_dir, block):
+        return None
+    return (f"config {cfg.name!r}: `drafter: default` but no drafter ships for {target_dir.name} (block {block}), so "
+            f"it would serve a random-init drafter; set allow_random_drafter: true to serve one anyway, or give a "
+            f"trained drafter (drafter: DIR in the config or --drafter DIR)")
 
 
 #: The plugin's algorithm for each SGLang worker family: SPECOPD serves what the DFLASH worker serves (DFlash,
@@ -115,7 +130,7 @@ def launch_spec(cfg: ServeConfig, *, host: str = "127.0.0.1", port: int = 30000,
     drafter_dir = resolve_drafter(cfg, target)
     check_port_free(host, port)
     return LaunchSpec(
-        model_path=str(target), served_model_name=target.name, host=host, port=port, device=cfg.device,
+        model_path=str(target), served_model_name=cfg.served_model_name or target.name, host=host, port=port, device=cfg.device,
         dtype=resolve_dtype(cfg.device, cfg.dtype),
         drafter_path=str(drafter_dir) if drafter_dir else None,
         speculative_algorithm=serving_algorithm(drafter_dir, cfg.speculative_algorithm) if drafter_dir else None,
@@ -127,7 +142,7 @@ def launch_spec(cfg: ServeConfig, *, host: str = "127.0.0.1", port: int = 30000,
         score_queue_max=cfg.score_trees_queue_max, score_max_request_mb=cfg.score_trees_max_request_mb,
         score_queue_wait_s=cfg.score_trees_queue_wait_s,
         traffic_spool_mb=cfg.traffic_spool_mb, traffic_features_mb=cfg.traffic_features_mb,
-        speculative_policy=cfg.speculative_policy,
+        speculative_policy=cfg.speculative_policy, drafter_max_payload_mb=cfg.drafter_max_payload_mb,
         extra_args=list(cfg.extra_sglang_args) + list(extra_args),
     )
 

@@ -78,8 +78,10 @@ def dry_run(cfg: ServeConfig, *, host: str = "127.0.0.1", port: int = 30000, api
     config.json (and the target's tokenizer.json if any) when the checkpoints are not here."""
     from sglang_specopd.app.cpu_dtype import resolve_dtype
     from sglang_specopd.app.launch import LaunchSpec, server_env
+    from sglang_specopd.server.drafter_upload import limit_env
+    from sglang_specopd.wire.policy import policy_env
     from sglang_specopd.app.models import ModelsError, resolve_target
-    from sglang_specopd.app.serve import choose_drafter
+    from sglang_specopd.app.serve import choose_drafter, random_drafter_refusal
 
     out = DryRun()
     out.ok.append(f"config {cfg.name!r}: valid")
@@ -109,6 +111,9 @@ def dry_run(cfg: ServeConfig, *, host: str = "127.0.0.1", port: int = 30000, api
         if tp > 1 and not found:
             out.ok.append(f"--tp-size {tp}: the target's heads, KV heads and MLP widths split evenly")
     choice = choose_drafter(cfg, target_dir or Path(cfg.target), override=drafter)
+    refused = random_drafter_refusal(cfg, target_dir or Path(cfg.target), choice.path)
+    if refused:
+        out.problems.append(refused)
     algorithm = None
     if choice.path is not None:
         ddir = _config_dir(choice.path, drafter_config)
@@ -129,8 +134,9 @@ def dry_run(cfg: ServeConfig, *, host: str = "127.0.0.1", port: int = 30000, api
     if cfg.device == "cpu" and tp > 1:
         out.problems.append(f"--tp-size {tp} on the CPU engine: specopd serves CPU targets on one process")
     spec = LaunchSpec(
-        model_path=str(target_dir or cfg.target), served_model_name=Path(target_dir or cfg.target).name, host=host,
-        port=port, device=cfg.device, dtype=resolve_dtype(cfg.device, cfg.dtype),
+        model_path=str(target_dir or cfg.target), host=host, port=port,
+        served_model_name=cfg.served_model_name or Path(target_dir or cfg.target).name, device=cfg.device,
+        dtype=resolve_dtype(cfg.device, cfg.dtype),
         drafter_path=str(choice.path) if choice.path else None,
         speculative_algorithm=(algorithm or cfg.speculative_algorithm) if choice.path else None,
         block_size=cfg.block_size, attention_backend=cfg.attention_backend, max_total_tokens=cfg.max_total_tokens,
@@ -140,9 +146,11 @@ def dry_run(cfg: ServeConfig, *, host: str = "127.0.0.1", port: int = 30000, api
         prefix_cache_mb=cfg.score_trees_prefix_cache_mb, score_budget_tokens=cfg.score_trees_budget_tokens,
         score_queue_max=cfg.score_trees_queue_max, score_max_request_mb=cfg.score_trees_max_request_mb,
         score_queue_wait_s=cfg.score_trees_queue_wait_s, traffic_spool_mb=cfg.traffic_spool_mb,
-        traffic_features_mb=cfg.traffic_features_mb, extra_args=args)
+        traffic_features_mb=cfg.traffic_features_mb, drafter_max_payload_mb=cfg.drafter_max_payload_mb,
+        extra_args=args)
     out.argv = spec.argv()
     env = server_env(cfg.device, prefix_cache_mb=spec.prefix_cache_mb, score=spec.score_settings(),
                      traffic_spool_mb=spec.traffic_spool_mb, traffic_features_mb=spec.traffic_features_mb)
+    env.update({**policy_env(cfg.speculative_policy), **limit_env(cfg.drafter_max_payload_mb)})  # as start() adds
     out.env = {k: v for k, v in env.items() if os.environ.get(k) != v}
     return out

@@ -26,12 +26,13 @@ except ImportError:  # pragma: no cover - older Typer on the real click
     from click import UsageError
 
 from sglang_specopd.app.train_options import (
-    SERVER_NAMES, _config, _guarded, _o_admin_key, _o_api_key, _o_data, _o_init, _o_max_new_tokens, _o_per_domain,
-    _o_progress, _o_run_dir, _o_target, _o_version_prefix, _sayer, _TrainFail, server_parameters)
+    SERVER_NAMES, _config, _guarded, _o_admin_key, _o_api_key, _o_data, _o_device, _o_dtype, _o_init,
+    _o_max_new_tokens, _o_per_domain, _o_progress, _o_run_dir, _o_target, _o_version_prefix, _sayer, _TrainFail,
+    resolve_device_dtype, server_parameters)
 
 # the shared options every algorithm command has (name -> option factory); data-size options depend on the data
-_SHARED = (*SERVER_NAMES, "admin_key", "api_key", "init", "target", "data", "run_dir", "per_domain",
-           "max_new_tokens", "max_prompt_tokens", "version_prefix", "progress")
+_SHARED = (*SERVER_NAMES, "admin_key", "api_key", "init", "target", "device", "dtype", "data", "run_dir",
+           "per_domain", "max_new_tokens", "max_prompt_tokens", "version_prefix", "progress")
 _OPTION_TYPES = (int, float, str, bool)
 
 
@@ -128,7 +129,8 @@ def _shared_parameters(alg) -> List[inspect.Parameter]:
     kw = inspect.Parameter.KEYWORD_ONLY
     opts = [("admin_key", Optional[str], _o_admin_key()),
             ("api_key", Optional[str], _o_api_key()), ("init", Optional[Path], _o_init()),
-            ("target", Optional[str], _o_target()), ("data", str, _o_data()), ("run_dir", Path, _o_run_dir(alg.name)),
+            ("target", Optional[str], _o_target()), ("device", Optional[str], _o_device()),
+            ("dtype", Optional[str], _o_dtype()), ("data", str, _o_data()), ("run_dir", Path, _o_run_dir(alg.name)),
             ("per_domain", int, _o_per_domain())]
     if alg.data == "sequences":
         opts.append(("max_new_tokens", int, _o_max_new_tokens()))
@@ -166,7 +168,8 @@ def run_algorithm(alg, *, options: Dict[str, Any], server: Optional[str], admin_
                   api_key: Optional[str], init: Optional[Path], target: Optional[str], data: str, run_dir: Path,
                   per_domain: int, version_prefix: Optional[str], progress: bool, max_new_tokens: Optional[int] = None,
                   max_prompt_tokens: Optional[int] = None, workers: Optional[str] = None, router: Optional[str] = None,
-                  fleet_run_dir: Optional[Path] = None) -> None:
+                  fleet_run_dir: Optional[Path] = None, device: Optional[str] = None,
+                  dtype: Optional[str] = None) -> None:
     """The body of ``specopd train <alg.name>``: config from ``options`` (config field -> value), server session,
     run-config check (resume), drafter, data (sequences or prompts as the algorithm declares), ``alg.run``, then on
     rank 0 the saved drafter and the summary table. Raises :class:`_TrainFail` on bad options or data."""
@@ -178,6 +181,7 @@ def run_algorithm(alg, *, options: Dict[str, Any], server: Optional[str], admin_
 
     cfg = _config(alg.make_config, {n: alg.flag(n) for n in alg.config.model_fields}, options)
     _parse_domains(data)  # fail on a bad --data before touching the server
+    device, torch_dtype = resolve_device_dtype(device, dtype)
     ends = resolve_endpoints(server, workers, router, fleet_run_dir, api_key)
     rank, world = dist_info()
     if world > 1 and not alg.distributed:
@@ -187,7 +191,7 @@ def run_algorithm(alg, *, options: Dict[str, Any], server: Optional[str], admin_
     data_opts = ({"per_domain": per_domain, "max_new_tokens": max_new_tokens} if alg.data == "sequences" else
                  {"per_domain": per_domain, "max_prompt_tokens": max_prompt_tokens})
     resuming = _check_run_config(run_dir, _record(alg.name, cfg, data, data_opts), rank)
-    drafter = sess.load_drafter()
+    drafter = sess.load_drafter(device, torch_dtype)
     if alg.data == "sequences":
         train, holdout = _load_sequences(sess, data, drafter.spec.target_layer_ids, run_dir, per_domain=per_domain,
                                          max_new_tokens=max_new_tokens, rank=rank, world=world, say=say)

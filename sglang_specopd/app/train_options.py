@@ -97,6 +97,41 @@ def _o_api_key():
     return typer.Option(None, "--api-key", envvar="SPECOPD_API_KEY", help="The server's --api-key, if it has one.")
 
 
+def _o_device():
+    return typer.Option(None, "--device", help="Where the drafter and the target's embedding + LM head live and "
+                                               "train: cuda or cpu (default: cuda when available).")
+
+
+def _o_dtype():
+    return typer.Option(None, "--dtype", help="Their dtype: bfloat16 (default on cuda), float32 (default on cpu) or "
+                                              "float16.")
+
+
+_DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32",
+           "float16": "float16", "fp16": "float16"}
+
+
+def resolve_device_dtype(device, dtype, cuda_available=None):
+    """``(device, torch dtype)`` of ``--device`` / ``--dtype``: cuda when available (else cpu); bfloat16 on cuda,
+    float32 on cpu. Raises :class:`_TrainFail` (exit 2) for another device, ``cuda`` where there is no CUDA device,
+    or an unknown dtype."""
+    import torch
+
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    name = (device or ("cuda" if cuda_available else "cpu")).strip().lower()
+    base = name.split(":")[0]
+    if base not in ("cuda", "cpu"):
+        raise _TrainFail(f"bad option --device: {device!r} (cuda, cuda:N or cpu)")
+    if base == "cuda" and not cuda_available:
+        raise _TrainFail(f"--device {name}: no CUDA device is available here (torch.cuda.is_available() is False); "
+                         "use --device cpu")
+    if dtype is not None and dtype.strip().lower() not in _DTYPES:
+        raise _TrainFail(f"bad option --dtype: {dtype!r} (bfloat16, float32 or float16)")
+    chosen = _DTYPES[dtype.strip().lower()] if dtype else ("bfloat16" if base == "cuda" else "float32")
+    return name, getattr(torch, chosen)
+
+
 def _o_init():
     return typer.Option(None, "--init", help="Drafter checkpoint to start from (default: the drafter the server "
                                              "was started with, as GET /specopd/drafter reports it).")

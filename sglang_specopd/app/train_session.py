@@ -112,11 +112,16 @@ class _Session:
         finally:
             probe.close()
 
-    def load_drafter(self):
+    def load_drafter(self, device: str = "cpu", dtype=None):
+        """The drafter to train (from ``--init``) with the target's embedding + LM head, on ``device`` in ``dtype``
+        (default float32; ``--device`` / ``--dtype``: :func:`~sglang_specopd.app.train_options.resolve_device_dtype`)."""
+        import torch
+
         from sglang_specopd.wire.drafter_archs import spec_as_dict
         from specopd_trainer.drafters.registry import drafter_class_for_checkpoint
 
-        drafter = drafter_class_for_checkpoint(self.init).from_pretrained(self.init, self.target)
+        drafter = drafter_class_for_checkpoint(self.init).from_pretrained(self.init, self.target, device=device,
+                                                                          dtype=dtype or torch.float32)
         if self.push_enabled:
             serving_arch, mine_arch = self.info.get("arch"), drafter.drafter_arch.name
             if serving_arch is not None and serving_arch != mine_arch:

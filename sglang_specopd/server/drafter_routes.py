@@ -1,7 +1,7 @@
 """The drafter routes' handlers: ``POST /specopd/drafter/swap``, ``GET /specopd/drafter`` and its admin view.
 
-* swap (admin; SGLang's auth middleware checks the key before this runs): the body is read with bounds
-  (:func:`sglang_specopd.server.http_body.read_body`: 413 over ``SPECOPD_MAX_PAYLOAD_BYTES``, 408 for a stalled
+* swap (admin; SGLang's auth middleware checks the key before this runs): the body is streamed to a file with
+  bounds (:mod:`sglang_specopd.server.drafter_upload`: 413 over ``drafter_max_payload_mb``, 408 for a stalled
   body); a JSON body (one starting with ``{``: ``{"path": DIR, "version": str}``) is parsed strictly here
   (:func:`sglang_specopd.wire.strict_json.loads`: nesting depth, NaN / Infinity, duplicate keys) before the
   scheduler sees it; a safetensors body is checked in the scheduler (:mod:`sglang_specopd.server.hot_swap`);
@@ -52,18 +52,22 @@ async def swap_drafter(request):
     """Admin: swap the serving drafter (see the module docstring); 200 JSON or 4xx with the reason."""
     from fastapi.responses import Response
 
-    from sglang_specopd.server.http_body import BodyError, read_body
+    from sglang_specopd.server import drafter_upload
+    from sglang_specopd.server.http_body import BodyError
 
     try:
-        body = await read_body(request)
+        body, upload = await drafter_upload.receive(request)
     except BodyError as exc:
         return exc.response()
-    if not body:
-        return error_response(400, "empty body: send drafter safetensors bytes or JSON {\"path\": DIR}")
-    problem = swap_json_problem(body)
-    if problem:
-        return error_response(400, problem)
-    reply = await _op("swap_drafter", body)
+    try:
+        if not body:
+            return error_response(400, drafter_upload.EMPTY_BODY)
+        problem = swap_json_problem(body)
+        if problem:
+            return error_response(400, problem)
+        reply = await _op("swap_drafter", body)
+    finally:
+        drafter_upload.discard(upload)
     if reply.status != 200:
         return error_response(reply.status, reply.message)
     return Response(content=reply.payload, media_type="application/json")

@@ -1,7 +1,7 @@
 """Validated, versioned, all-or-nothing hot swap of the serving drafter's weights (scheduler side).
 
-``POST /specopd/drafter/swap`` (admin key required) carries either a safetensors body (the drafter checkpoint
-tensors; the safetensors metadata holds ``{"config": <config.json dict>, "version": str}``) or JSON
+``POST /specopd/drafter/swap`` (admin key required) carries a safetensors body (checkpoint tensors, metadata
+``{"config": <config.json dict>, "version": str}``; streamed to a file, :mod:`.drafter_upload`) or JSON
 ``{"path": DIR, "version": str}`` naming a drafter directory the server reads. Before anything changes:
 
 * provenance: ``config.architectures`` names the serving drafter's architecture in the registry
@@ -24,10 +24,8 @@ weights, ``_stacked_ctx_kv_cache`` (on by default, CPU included) and the bf16 fu
 ``worker.draft_model`` on SGLang's DFLASH and DSPARK workers alike (SPECOPD, SPECOPD_DSPARK, DFLASH, DSPARK); the
 rollback backup skips the target modules the worker lends the drafter (``lm_head``; DSpark: ``embed_tokens``
 too). Any failure while loading restores the previous weights (rollback) and serving goes on. The swap runs
-in the scheduler between batches: in-flight requests continue with the new drafter on their next verify step
-(their draft KV still holds the old drafter's context projections until they finish; outputs stay exact since
-the target verifies every token). Cached prefixes hold draft KV of the previous drafter too, so after a swap
-the radix cache is flushed when the scheduler is idle (reply ``cache_flushed``).
+in the scheduler between batches: in-flight requests go on with the new drafter from their next verify step
+(outputs stay exact); the radix cache is flushed when the scheduler is idle (reply ``cache_flushed``).
 """
 
 from __future__ import annotations
@@ -193,7 +191,9 @@ def _read_request(payload: bytes) -> Tuple[dict, Dict[str, torch.Tensor], str]:
     """(config, tensors, version) of a swap body; ``ValueError`` with the reason for anything malformed."""
     from safetensors.torch import load_file
 
-    from sglang_specopd.wire.protocol import check_swap_header, check_swap_tensors, check_swap_version, decode_tensors
+    from sglang_specopd.server.drafter_upload import decode_upload, is_upload
+    from sglang_specopd.wire.protocol import (check_swap_header, check_swap_tensors, check_swap_version,
+                                              decode_tensors, tensors_digest)
 
     if payload[:1] == b"{":
         try:
@@ -216,14 +216,14 @@ def _read_request(payload: bytes) -> Tuple[dict, Dict[str, torch.Tensor], str]:
             raise ValueError(f"refused: cannot read {path / 'model.safetensors'}: {exc}") from None
         check_swap_tensors(tensors)
         return config, tensors, version
-    digest = hashlib.sha256(payload).hexdigest()
-    tensors, header = decode_tensors(payload)
+    if is_upload(payload):  # a body the HTTP process streamed to a file (sglang_specopd.server.drafter_upload)
+        tensors, header, digest = decode_upload(payload)
+    else:
+        digest, (tensors, header) = hashlib.sha256(payload).hexdigest(), decode_tensors(payload)
     version = check_swap_header(header, digest)
     check_swap_tensors(tensors)  # before the checksum: it reads raw bytes, which some dtypes cannot give
     want = header.get("sha256_of_tensors")
     if want is not None:
-        from sglang_specopd.wire.protocol import tensors_digest
-
         got = tensors_digest(tensors)
         if got != want.lower():
             raise ValueError(f"refused: checksum mismatch (sent {want[:12]}..., received {got[:12]}...)")

@@ -67,19 +67,28 @@ async def read_body(request, limit: Optional[int] = None, idle_s: Optional[float
         BodyError: 413 (declared or actual size over ``limit``), 408 (no bytes for ``idle_s`` seconds, or not
             complete after ``total_s``), 400 (a malformed ``Content-Length``, or the client hung up mid-body).
     """
+    return b"".join([chunk async for chunk in iter_body(request, limit, idle_s, total_s)])
+
+
+async def iter_body(request, limit: Optional[int] = None, idle_s: Optional[float] = None,
+                    total_s: Optional[float] = None, limit_name: str = ""):
+    """The body of ``request`` chunk by chunk, as it arrives (bounded memory: the caller keeps or writes each
+    chunk), with :func:`read_body`'s bounds and BodyErrors; ``limit_name`` ends the 413 reason (what sets the
+    limit)."""
     from starlette.requests import ClientDisconnect
 
     limit = max_payload_bytes() if limit is None else limit
     default_idle, default_total = body_timeouts()
     idle_s = default_idle if idle_s is None else idle_s
     total_s = default_total if total_s is None else total_s
+    tail = f" ({limit_name})" if limit_name else ""
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.strip().isdigit():
             raise BodyError(400, f"malformed Content-Length header {declared[:40]!r}")
         if int(declared) > limit:
-            raise BodyError(413, f"payload of {int(declared)} bytes exceeds the limit of {limit} bytes")
-    chunks, size = [], 0
+            raise BodyError(413, f"payload of {int(declared)} bytes exceeds the limit of {limit} bytes{tail}")
+    size = 0
     deadline = time.monotonic() + total_s
     stream = request.stream().__aiter__()
     while True:
@@ -98,10 +107,9 @@ async def read_body(request, limit: Optional[int] = None, idle_s: Optional[float
             raise BodyError(400, f"the client closed the connection mid-body ({size} bytes received)") from None
         size += len(chunk)
         if size > limit:
-            raise BodyError(413, f"payload of more than {limit} bytes exceeds the limit of {limit} bytes")
+            raise BodyError(413, f"payload of more than {limit} bytes exceeds the limit of {limit} bytes{tail}")
         if chunk:
-            chunks.append(chunk)
-    return b"".join(chunks)
+            yield chunk
 
 
 async def json_body(request, what: str = "body", **limits) -> Any:

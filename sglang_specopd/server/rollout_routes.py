@@ -3,10 +3,10 @@ auth middleware checks it before these run). The wire format is :mod:`sglang_spe
 side :mod:`sglang_specopd.server.rollout`.
 
 Bounds before the scheduler sees anything: the stage query (:func:`~sglang_specopd.wire.rollout.parse_stage_query`),
-the stage body read as a swap body is (:func:`~sglang_specopd.server.http_body.read_body`: 413 / 408; a JSON body
-parsed strictly, :func:`~sglang_specopd.server.drafter_routes.swap_json_problem`), a commit / abort body of at most
-:data:`~sglang_specopd.wire.rollout.TXN_BODY_MAX_BYTES` bytes of strict JSON ``{"txn": ID}``. Every refusal is a
-4xx JSON error with the reason (:func:`~sglang_specopd.server.http_errors.error_response`).
+the stage body read as a swap body is (:mod:`~sglang_specopd.server.drafter_upload`: streamed to a file, 413 / 408;
+a JSON body such as ``{"path": DIR}`` parsed strictly, :func:`~.drafter_routes.swap_json_problem`), a commit /
+abort body of at most :data:`~sglang_specopd.wire.rollout.TXN_BODY_MAX_BYTES` bytes of strict JSON ``{"txn": ID}``.
+Every refusal is a 4xx JSON error with the reason (:func:`~sglang_specopd.server.http_errors.error_response`).
 
 Expiry: after a successful stage an asyncio timer in this (HTTP) process sends the ``expire_drafter`` op at the
 deadline, so a staged copy nobody commits or aborts is dropped on time (and its device memory freed); the scheduler
@@ -74,8 +74,9 @@ async def stage_drafter(request):
     """Admin: validate a drafter (a swap body) and stage it under ``?txn=ID`` for ``ttl_s`` seconds; 200
     :class:`~sglang_specopd.wire.rollout.StageReply`, 400 / 408 / 413 with the reason, 409 while another
     transaction is staged."""
+    from sglang_specopd.server import drafter_upload
     from sglang_specopd.server.drafter_routes import swap_json_problem
-    from sglang_specopd.server.http_body import BodyError, read_body
+    from sglang_specopd.server.http_body import BodyError
     from sglang_specopd.wire.rollout import parse_stage_query, stage_op_payload
 
     try:
@@ -83,15 +84,18 @@ async def stage_drafter(request):
     except ValueError as exc:
         return error_response(400, f"refused: {exc}")
     try:
-        body = await read_body(request)
+        body, upload = await drafter_upload.receive(request)
     except BodyError as exc:
         return exc.response()
-    if not body:
-        return error_response(400, "empty body: send drafter safetensors bytes or JSON {\"path\": DIR}")
-    problem = swap_json_problem(body)
-    if problem:
-        return error_response(400, problem)
-    reply = await _call("stage_drafter", stage_op_payload(params, body))
+    try:
+        if not body:
+            return error_response(400, drafter_upload.EMPTY_BODY)
+        problem = swap_json_problem(body)
+        if problem:
+            return error_response(400, problem)
+        reply = await _call("stage_drafter", stage_op_payload(params, body))
+    finally:
+        drafter_upload.discard(upload)
     if reply.status == 200:
         _schedule_expiry(params.txn, params.ttl_s)
     return _json(reply)

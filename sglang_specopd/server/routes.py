@@ -11,10 +11,12 @@ live-traffic spool (:mod:`sglang_specopd.server.traffic`; 404 with the reason wh
 ``GET /specopd/traffic/features`` (admin): the context features captured while serving those items
 (:mod:`sglang_specopd.server.traffic_features`).
 
-``POST /specopd/score_trees`` (normal auth: SGLang's ``--api-key`` when set): a JSON :class:`ScoreTreesRequest`;
+``POST /specopd/score_trees`` (normal auth: SGLang's ``--api-key`` when set; ``returns: hidden`` and
+``feature_layer_ids`` need the admin key too, :mod:`sglang_specopd.server.score_auth`): a JSON :class:`ScoreTreesRequest`;
 the reply is ``application/octet-stream`` safetensors bytes (tensors per reference ``ref{i}.*``, JSON header in
 the metadata, decode with :func:`sglang_specopd.wire.protocol.decode_tensors`). Bad input gets HTTP 400/413/422 with a
-reason and the server keeps serving. Payload limit: ``SPECOPD_MAX_PAYLOAD_BYTES`` (default 64 MiB). A full
+reason and the server keeps serving. Payload limit: ``SPECOPD_MAX_PAYLOAD_BYTES`` (default 64 MiB; drafter pushes:
+the server config key ``drafter_max_payload_mb``, :mod:`sglang_specopd.server.drafter_upload`). A full
 score queue answers 429 with ``Retry-After``; a request over the cost limits 413 with its numbers
 (:mod:`sglang_specopd.server.score_admission`).
 """
@@ -152,8 +154,15 @@ def add_routes(*args, **kwargs):
     connections (:mod:`sglang_specopd.server.http_guard`)."""
     from sglang_specopd.server import http_guard
 
+    from sglang_specopd.server import score_auth
+
     app = compat.get("http_server.app")
     http_guard.install(app)
+    server_args = args[0] if args else kwargs.get("server_args")
+    score_auth.configure(server_args)
+    from sglang_specopd.server.drafter_upload import drafter_limit
+
+    drafter_limit()  # a bad SPECOPD_DRAFTER_MAX_PAYLOAD_MB (drafter_max_payload_mb) stops the start with the reason
     auth_level, admin_force = compat.get("auth_level"), compat.get("AuthLevel").ADMIN_FORCE
 
     if not any(getattr(r, "path", None) == SCORE_TREES_PATH for r in app.routes):

@@ -12,6 +12,8 @@ In order, before the scheduler sees anything:
      2 ms of work and with the cyclic garbage collector paused, so ``/health`` and generation requests keep being
      served while a large body is parsed (pydantic validates a whole body in ONE call holding the GIL: measured
      0.25 s for a 2.9 MB body);
+  3b. the admin key for ``returns: hidden`` / ``feature_layer_ids`` (:mod:`sglang_specopd.server.score_auth`)
+     -> 401 / 403;
   4. the cost check (:mod:`sglang_specopd.server.score_cost`: tokens, nodes, anchors, returned and feature bytes,
      estimated peak scheduler memory against ``score_trees_max_request_mb``) -> 413 with the numbers;
   5. the request's turn: it waits at most ``score_trees_queue_wait_s`` for the requests ahead of it, else 429 with
@@ -141,15 +143,19 @@ def _parse_body(body: bytes, binary: bool, tick) -> ScoreTreesRequest:
     return _validate(ScoreTreesRequest, {**obj, "references": done}, ())
 
 
-def prepare(body: bytes, binary: bool, dims: TargetDims, settings: ScoreSettings) -> Tuple[bytes, Optional[str]]:
+def prepare(body: bytes, binary: bool, dims: TargetDims, settings: ScoreSettings,
+            authorize=None) -> Tuple[bytes, Optional[str]]:
     """Parse and check a body for the scheduler (run in a worker thread): ``(JSON payload, None)``, or
     ``(b"", reason)`` when it is over a limit (HTTP 413). Raises ScoreTreesError / ValidationError (HTTP 400),
-    first of all for a target the endpoint cannot score (``dims.unscorable``, before any parsing)."""
+    first of all for a target the endpoint cannot score (``dims.unscorable``, before any parsing), and whatever
+    ``authorize(req)`` raises (:func:`sglang_specopd.server.score_auth.checker`: 401 / 403) right after parsing."""
     if dims.unscorable:
         raise ScoreTreesError(dims.unscorable)
     with _gc_paused():  # the checks walk every tree too (see parse_body)
         tick = _Yielder()
         req = parse_body(body, binary, tick)
+        if authorize is not None:
+            authorize(req)
         validate_request(req, vocab_size=dims.vocab, num_layers=dims.num_layers, tick=tick)
         too_big = over_limits(estimate_cost(req, dims, settings.budget_tokens), settings)
         if too_big:
@@ -203,7 +209,7 @@ async def score_trees_route(request):
         return error_response(429, exc.message, headers={"Retry-After": str(exc.retry_after)})
     binary = request.headers.get("content-type", "").startswith(BINARY_CONTENT_TYPE)
     try:
-        payload, refused = await _prepare(body, binary)
+        payload, refused = await _prepare(body, binary, request.headers)
     except BaseException:
         gate.leave(ticket)
         raise
@@ -227,15 +233,19 @@ async def score_trees_route(request):
     return Response(content=reply.payload, media_type=BINARY_CONTENT_TYPE, headers=waited)
 
 
-async def _prepare(body: bytes, binary: bool):
-    """``(payload for the scheduler, None)`` or ``(b"", the 400 / 413 reply)``: :func:`prepare` in a thread."""
+async def _prepare(body: bytes, binary: bool, headers):
+    """``(payload for the scheduler, None)`` or ``(b"", the 400 / 401 / 403 / 413 reply)``: :func:`prepare` in a
+    thread."""
     from pydantic import ValidationError
 
     from sglang_specopd.server.http_errors import error_response
+    from sglang_specopd.server.score_auth import ScoreAuthError, checker
 
     try:
         payload, too_big = await asyncio.to_thread(prepare, body, binary, await target_dims(),
-                                                   ScoreSettings.from_env())
+                                                   ScoreSettings.from_env(), checker(headers))
+    except ScoreAuthError as exc:
+        return b"", error_response(exc.status, exc.message)
     except ValidationError as exc:
         return b"", error_response(400, validation_message(exc))
     except ValueError as exc:  # ScoreTreesError, a malformed binary payload, strict JSON

@@ -25,6 +25,10 @@ PREFIX_CACHE_PATH = "/specopd/prefix_cache"  # GET: stats; POST .../clear (admin
 BINARY_CONTENT_TYPE = "application/octet-stream"
 # Reply header of score_trees (200, and the 429 of a request that waited): seconds the request waited in the line
 QUEUE_WAIT_HEADER = "X-SpecOPD-Queue-Wait-S"
+# Request header of score_trees: the admin key, for a request that asks for the target's hidden states or context
+# features (admin-only: a model-extraction channel otherwise). A header of its own, because ``Authorization`` must
+# carry SGLang's ``--api-key`` on a server that has one (sglang_specopd.server.score_auth).
+ADMIN_KEY_HEADER = "X-SpecOPD-Admin-Key"
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 2**20
 # Per score_trees request, over all its references (HTTP 413 beyond; the server's memory cap,
 # score_trees_max_request_mb, usually binds first).
@@ -101,6 +105,13 @@ class ScoreTreesRequest(BaseModel):
 
 
 
+def privileged_parts(req: ScoreTreesRequest) -> List[str]:
+    """What of ``req`` needs the admin key (:data:`ADMIN_KEY_HEADER`): ``returns: hidden`` (the target's final
+    hidden states) and ``feature_layer_ids`` (its context features); empty for a top-k / log-prob request."""
+    return (["returns: hidden"] if "hidden" in req.returns else []) + \
+        (["feature_layer_ids"] if req.feature_layer_ids else [])
+
+
 class ScoreTreesError(ValueError):
     """A score_trees request that is well-formed JSON but invalid for this target (HTTP 400 with the reason)."""
 
@@ -171,11 +182,17 @@ def decode_tensors(data: bytes) -> Tuple[Dict[str, "object"], dict]:
         tensors = load(data)
     except Exception as exc:  # safetensors raises its own error types for truncated/garbled input
         raise ValueError(f"malformed safetensors payload: {exc}") from None
+    header_len = int.from_bytes(data[:8], "little")
+    return tensors, specopd_header(data[8 : 8 + header_len])
+
+
+def specopd_header(safetensors_header: bytes) -> dict:
+    """The specopd header of a payload whose safetensors JSON header is ``safetensors_header`` (already parsed by
+    safetensors, which bounds its nesting). Raises ``ValueError`` on a malformed one."""
     from sglang_specopd.wire.strict_json import loads
 
-    header_len = int.from_bytes(data[:8], "little")
-    try:  # the safetensors header parsed once already (by safetensors, which bounds its nesting)
-        meta = json.loads(data[8 : 8 + header_len]).get("__metadata__", {}) or {}
+    try:
+        meta = json.loads(safetensors_header).get("__metadata__", {}) or {}
     except (ValueError, AttributeError, RecursionError) as exc:
         raise ValueError(f"malformed safetensors payload: {type(exc).__name__}") from None
     raw = meta.get("specopd", "{}")
@@ -185,7 +202,7 @@ def decode_tensors(data: bytes) -> Tuple[Dict[str, "object"], dict]:
         raise ValueError(f"malformed payload: {exc}") from None
     if not isinstance(header, dict):
         raise ValueError(f"malformed payload: the specopd header must be a JSON object, got {type(header).__name__}")
-    return tensors, header
+    return header
 
 
 _INT_DTYPES = ("torch.int32", "torch.int64")

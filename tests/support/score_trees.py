@@ -8,7 +8,7 @@ import dataclasses
 import json
 import random
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import httpx
 import pytest
@@ -22,6 +22,7 @@ from conftest import (
     RunningServer,
 )
 from sglang_specopd.wire.protocol import (
+    ADMIN_KEY_HEADER,
     BINARY_CONTENT_TYPE,
     SCORE_TREES_PATH,
     ScoreTreesRequest,
@@ -88,12 +89,16 @@ def shared_server(tiny_admin_server: RunningServer, tiny_serving_target: Path, t
                   hidden_size=int(cfg["hidden_size"]), initial_info=srv.extra["initial_info"], reference=reference)
 
 
-def post_score(url: str, req, *, binary: bool = False, timeout: float = 120.0) -> httpx.Response:
+def post_score(url: str, req, *, binary: bool = False, timeout: float = 120.0,
+               admin_key: Optional[str] = ADMIN_KEY) -> httpx.Response:
+    """POST a score_trees request, with ``admin_key`` (the shared server's by default: hidden states and features
+    need it) in the admin-key header."""
+    key = {ADMIN_KEY_HEADER: admin_key} if admin_key else {}
     if binary:
         return httpx.post(url + SCORE_TREES_PATH, content=request_to_binary(req),
-                          headers={"Content-Type": BINARY_CONTENT_TYPE}, timeout=timeout)
+                          headers={"Content-Type": BINARY_CONTENT_TYPE, **key}, timeout=timeout)
     body = req.model_dump_json() if isinstance(req, ScoreTreesRequest) else json.dumps(req)
-    return httpx.post(url + SCORE_TREES_PATH, content=body, headers={"Content-Type": "application/json"},
+    return httpx.post(url + SCORE_TREES_PATH, content=body, headers={"Content-Type": "application/json", **key},
                       timeout=timeout)
 
 

@@ -15,10 +15,12 @@ from typing import Any, Dict, List, Optional, Tuple
 import httpx
 
 from sglang_specopd.wire.protocol import (
+    ADMIN_KEY_HEADER,
     BINARY_CONTENT_TYPE,
     SCORE_TREES_PATH,
     ScoreTreesRequest,
     decode_tensors,
+    privileged_parts,
 )
 from sglang_specopd.wire.traffic import (
     TRAFFIC_FEATURES_PATH,
@@ -183,9 +185,12 @@ class SpecOPDClient:
         return self._request("POST", "/generate", json={"input_ids": input_ids, "sampling_params": params}).json()
 
     def score_trees(self, req: ScoreTreesRequest) -> List[ScoredReference]:
-        """``POST /specopd/score_trees``; one :class:`ScoredReference` per request reference."""
-        r = self._request("POST", SCORE_TREES_PATH, content=req.model_dump_json(),
-                          headers={"Content-Type": "application/json"})
+        """``POST /specopd/score_trees``; one :class:`ScoredReference` per request reference; the admin key goes
+        with a request for hidden states or features (admin-only: :mod:`sglang_specopd.server.score_auth`)."""
+        headers = {"Content-Type": "application/json"}
+        if self._admin_key and privileged_parts(req):
+            headers[ADMIN_KEY_HEADER] = self._admin_key
+        r = self._request("POST", SCORE_TREES_PATH, content=req.model_dump_json(), headers=headers)
         if not r.headers.get("content-type", "").startswith(BINARY_CONTENT_TYPE):
             raise ServerError(f"unexpected content type {r.headers.get('content-type')!r}")
         tensors, header = decode_tensors(r.content)
