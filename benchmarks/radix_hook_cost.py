@@ -1,6 +1,6 @@
 """What the plugin's ``RadixAttention.forward`` hook costs a normal decode step (CPU).
 
-``/specopd/score_trees`` (:mod:`sglang_specopd.server.scoring`) wraps ``RadixAttention.forward`` with an AROUND
+``/specopd/score_trees`` (:mod:`sglang_specopd.server.scoring.forward`) wraps ``RadixAttention.forward`` with an AROUND
 hook (``tree_attention_override``) for every attention layer of the served target; outside a tree forward it only
 checks a context variable and calls SGLang's own forward. This measures that inert path, on SGLang's real
 ``RadixAttention`` wrapped by SGLang's real ``HookRegistry`` (the exact production wrapper), two ways:
@@ -141,7 +141,7 @@ def production_wrapper():
     """``(original, wrapped)`` ``RadixAttention.forward``: SGLang's HookRegistry applies the plugin's AROUND hook
     exactly as a server does; the class is restored to ``original`` and the registry reset before returning."""
     from sglang_specopd.server import compat
-    from sglang_specopd.server.scoring import tree_attention_override
+    from sglang_specopd.server.scoring.forward import tree_attention_override
 
     registry, cls = compat.get("HookRegistry"), compat.get("RadixAttention")
     saved_hooks, saved_patched = dict(registry._hooks), set(registry._patched)

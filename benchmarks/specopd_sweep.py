@@ -93,12 +93,12 @@ def main(argv=None) -> int:
 
     import specopd_smollm2 as comparison  # the comparison's arms and evaluation (this script's directory)
     from sglang_specopd.app.config import ServeConfig
-    from sglang_specopd.app.launch import SGLangServer
+    from sglang_specopd.app.launch.process import SGLangServer
     from sglang_specopd.app.models import prepare_model
     from sglang_specopd.app.results import write_result
     from sglang_specopd.server.sampled_drafts import draft_sampling_mode
-    from sglang_specopd.app.serve import config_path, launch_spec
-    from specopd_trainer.client import SpecOPDClient
+    from sglang_specopd.app.serve.spec import config_path, launch_spec
+    from specopd_trainer.client.http import SpecOPDClient
     from specopd_trainer.drafters.dflash import DFlashDrafter
     from specopd_trainer.algorithms.sft.loop import train_sft
     from specopd_trainer.algorithms.specopd.loop import train_specopd

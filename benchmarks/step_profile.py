@@ -98,8 +98,8 @@ def main(argv=None) -> int:
 
     from sglang_specopd.app.bench.runner import load_prompts
     from sglang_specopd.app.config import ServeConfig
-    from sglang_specopd.app.launch import SGLangServer, free_port
-    from sglang_specopd.app.serve import config_path, launch_spec
+    from sglang_specopd.app.launch.process import SGLangServer, free_port
+    from sglang_specopd.app.serve.spec import config_path, launch_spec
 
     cfg = ServeConfig.load(config_path(args.config))
     update = {"drafter": None, "speculative_algorithm": None} if args.arm == "plain" else {

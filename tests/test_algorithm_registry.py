@@ -55,7 +55,7 @@ def dummy():
 def cli(*args: str):
     from typer.testing import CliRunner
 
-    from sglang_specopd.app.cli import _register_subcommands, app
+    from sglang_specopd.app.cli.entry import _register_subcommands, app
 
     _register_subcommands()
     res = CliRunner().invoke(app, list(args), env={"SPECOPD_ADMIN_KEY": None, "SPECOPD_API_KEY": None,
@@ -72,7 +72,7 @@ class FakeDrafter:
 
 
 class FakeSession:
-    """Stands in for :class:`sglang_specopd.app.train_session._Session` (no server)."""
+    """Stands in for :class:`sglang_specopd.app.train.session._Session` (no server)."""
 
     def __init__(self, server, api_key, admin_key, init, target, *, need_push, say):
         self.url = self.where = server
@@ -98,8 +98,8 @@ class FakeSession:
 
 @pytest.fixture()
 def no_server(monkeypatch):
-    import sglang_specopd.app.fleet_session as fs
-    import sglang_specopd.app.train_data as td
+    import sglang_specopd.app.train.fleet_session as fs
+    import sglang_specopd.app.train.data as td
 
     # the session factory is replaced, never train_session._Session itself: FleetSession subclasses that class when
     # fleet_session is first imported, and a fake base class would stay in it for the rest of the process
@@ -159,7 +159,7 @@ def test_dummy_algorithm_is_listed_and_runs_through_the_cli(dummy, no_server, tm
 
 
 def test_specopd_command_defaults_are_the_validated_recipe(monkeypatch) -> None:
-    import sglang_specopd.app.train_commands as tc
+    import sglang_specopd.app.train.commands as tc
 
     got = {}
     monkeypatch.setattr(tc, "run_algorithm", lambda alg, *, options, **shared: got.update(options=options,
@@ -191,8 +191,8 @@ def test_option_errors_are_one_line(dummy, no_server, args, needle) -> None:
 
 
 def test_main_job_lines_read_the_intervals_and_never_call_the_start_redeployed() -> None:
-    from sglang_specopd.app.main_job import MainJobConfig
-    from sglang_specopd.app.main_job_report import change_line, deployed_line, format_timings
+    from sglang_specopd.app.main_job.run import MainJobConfig
+    from sglang_specopd.app.main_job.report import change_line, deployed_line, format_timings
     from specopd_trainer.intervals import paired_difference
 
     assert format_timings({"server_start_s": 45.4, "eval_before_s": 95.0}) == "server_start 45 s, eval_before 95 s"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from specopd_trainer.client import ServerUnavailableError
+from specopd_trainer.client.http import ServerUnavailableError
 from test_adapt import FakeSpool, _run_ids
 from test_fleet_rollout import FakeWorker
 
@@ -32,7 +32,7 @@ class SpoolWorker(FakeSpool):
 
 
 def traffic_fleet(n0=24, n1=24):
-    from specopd_trainer.fleet_client import FleetClient
+    from specopd_trainer.fleet.client import FleetClient
 
     spools = {W0: SpoolWorker("spool-a"), W1: SpoolWorker("spool-b")}
     for url, n in ((W0, n0), (W1, n1)):
@@ -125,7 +125,7 @@ def test_draft_opd_traffic_reads_every_worker_and_purges_all():
             self.sp.items = []
             return n
 
-    from specopd_trainer.fleet_client import FleetClient
+    from specopd_trainer.fleet.client import FleetClient
 
     wrapped = {u: Cursoring(sp) for u, sp in spools.items()}
     fc = FleetClient([W0, W1], client_factory=lambda url: wrapped[url])
@@ -137,8 +137,8 @@ def test_draft_opd_traffic_reads_every_worker_and_purges_all():
 
 @pytest.fixture()
 def pusher():
-    from specopd_trainer.fleet_push import FleetPusher
-    from specopd_trainer.fleet_rollout import FleetRollout
+    from specopd_trainer.fleet.push import FleetPusher
+    from specopd_trainer.fleet.rollout import FleetRollout
 
     workers = {}
     ro = FleetRollout([W0, W1], admin_api_key="k", worker_factory=lambda url: FakeWorker(url, workers))
@@ -158,8 +158,8 @@ def test_a_push_is_one_transaction_committed_on_every_worker(pusher):
 
 
 def test_a_refused_push_aborts_on_every_worker_and_changes_nothing(pusher):
-    from specopd_trainer.fleet_push import FleetPushError
-    from specopd_trainer.fleet_worker import DrafterUpdate
+    from specopd_trainer.fleet.push import FleetPushError
+    from specopd_trainer.fleet.worker import DrafterUpdate
 
     push, w, _ = pusher
     w[W1].refuse = "refused: the drafter's block_size differs"
@@ -171,7 +171,7 @@ def test_a_refused_push_aborts_on_every_worker_and_changes_nothing(pusher):
 
 
 def test_a_worker_that_missed_the_commit_is_reconciled_at_once(pusher):
-    from specopd_trainer.fleet_worker import DrafterUpdate
+    from specopd_trainer.fleet.worker import DrafterUpdate
 
     push, w, warnings = pusher
     w[W1].down_at_commit = True

@@ -1,6 +1,6 @@
 """A real SGLang CPU server on the tiny hybrid Gated DeltaNet target (Qwen3-Next architecture, issue 21 part 2).
 
-The target (:mod:`sglang_specopd.app.tiny_hybrid`: 8 layers, three GDN layers per full-attention layer, GQA,
+The target (:mod:`sglang_specopd.app.tiny.hybrid`: 8 layers, three GDN layers per full-attention layer, GQA,
 SmolLM2's tokenizer, fp32, seed 0) is served plainly with ``--device cpu --attention-backend torch_native`` through
 the plugin's CPU adaptations (the GDN stand-in ops, :mod:`sglang_specopd.server.cpu.hybrid_gdn`). Greedy output ids
 must equal transformers' own greedy generation of the same checkpoint, token for token; then a SPECOPD server with
@@ -53,7 +53,7 @@ def hf_outputs(hybrid_target: Path) -> Dict[str, List[int]]:
 
 
 def _spec(target: Path, port: int, drafter: Path | None = None):
-    from sglang_specopd.app.launch import LaunchSpec
+    from sglang_specopd.app.launch.process import LaunchSpec
 
     return LaunchSpec(
         model_path=str(target), port=port, device="cpu", dtype="float32", attention_backend="torch_native",
@@ -71,8 +71,8 @@ def hybrid_specopd_server(request, shared_servers_guard, hybrid_target: Path,
     test_score_trees_hybrid_gdn.py and test_train_hybrid_gdn.py: one shared server (tests/_servers.py), serving its
     start-up drafter when a module starts; ``extra["drafter"]``: that drafter's directory."""
     from _servers import lend, start_specopd
-    from sglang_specopd.app.launch import free_port
-    from sglang_specopd.wire.drafter_init import init_drafter
+    from sglang_specopd.app.launch.process import free_port
+    from sglang_specopd.wire.drafters.init import init_drafter
 
     def start(stack):
         drafter = tmp_path_factory.mktemp("hybrid-drafter") / "drafter"
@@ -95,7 +95,7 @@ def _generate_ids(srv, ids: List[int]) -> dict:
 
 @pytest.fixture(scope="module")
 def plain_responses(hybrid_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Dict[str, dict]:
-    from sglang_specopd.app.launch import free_port
+    from sglang_specopd.app.launch.process import free_port
 
     ids = _prompt_ids(hybrid_target)
     with running_server(_spec(hybrid_target, free_port()), tmp_path_factory.mktemp("logs"), "hybrid-plain") as srv:

@@ -37,7 +37,7 @@ def server(tiny_admin_server):
 def cli(*args: str):
     from typer.testing import CliRunner
 
-    from sglang_specopd.app.cli import _register_subcommands, app
+    from sglang_specopd.app.cli.entry import _register_subcommands, app
 
     _register_subcommands()
     res = CliRunner().invoke(app, ["train", *args], env={"SPECOPD_ADMIN_KEY": None, "SPECOPD_API_KEY": None})
@@ -199,7 +199,7 @@ def test_bad_input_fails_cleanly(server, tmp_path: Path) -> None:
     res = cli(*bad)
     assert res.exit_code == 2 and "responses.jsonl is missing" in res.stderr
 
-    from sglang_specopd.app.launch import free_port
+    from sglang_specopd.app.launch.process import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
     res = cli(*specopd_args(dead, tmp_path / "run", 2))
