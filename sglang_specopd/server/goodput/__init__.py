@@ -2,6 +2,6 @@
 
 :mod:`.policy` is the pure maths (per-slot acceptance -> k), :mod:`.step` runs it in the scheduler's step,
 :mod:`.verify` the k-row target verify, :mod:`.control` the ``/specopd/goodput`` admin handlers.
-May import :mod:`sglang_specopd.server.compat`, :mod:`sglang_specopd.server.control`, the wire protocol and the
-kernels; never the other plugin packages' internals it does not call, never ``sglang`` directly.
+May import :mod:`sglang_specopd.server.compat`, :mod:`sglang_specopd.server.control`, :mod:`sglang_specopd.server.http`,
+the plugin's leaf modules (traces, sampled drafts) and the wire protocol; never ``sglang`` directly.
 """

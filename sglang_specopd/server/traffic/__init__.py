@@ -2,6 +2,6 @@
 
 :mod:`.spool` is the live-traffic spool (traces, admin key to read), :mod:`.features` the target context features
 captured beside it.
-May import :mod:`sglang_specopd.server.compat`, :mod:`sglang_specopd.server.control`, the wire protocol and the
-kernels; never ``sglang`` directly.
+May import :mod:`sglang_specopd.server.compat`, :mod:`sglang_specopd.server.control`,
+:mod:`sglang_specopd.server.traces` and the wire protocol; never ``sglang`` directly.
 """
