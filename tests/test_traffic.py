@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from sglang_specopd.server.traffic.spool import spool as traffic
+from sglang_specopd.server.traffic import spool as traffic
 from sglang_specopd.server.traces import check_trace_param, record_verify_step, take_all, take_pending
 from sglang_specopd.server.traffic.spool import (
     OFF_REASON,
