@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from specopd_trainer.client import ServerUnavailableError
+from specopd_trainer.client.http import ServerUnavailableError
 from fakes.adapt import FakeSpool
 from fakes.adapt import run_ids as _run_ids
 from fakes.fleet import FakeWorker
@@ -33,7 +33,7 @@ class SpoolWorker(FakeSpool):
 
 
 def traffic_fleet(n0=24, n1=24):
-    from specopd_trainer.fleet_client import FleetClient
+    from specopd_trainer.fleet.client import FleetClient
 
     spools = {W0: SpoolWorker("spool-a"), W1: SpoolWorker("spool-b")}
     for url, n in ((W0, n0), (W1, n1)):
@@ -126,7 +126,7 @@ def test_draft_opd_traffic_reads_every_worker_and_purges_all():
             self.sp.items = []
             return n
 
-    from specopd_trainer.fleet_client import FleetClient
+    from specopd_trainer.fleet.client import FleetClient
 
     wrapped = {u: Cursoring(sp) for u, sp in spools.items()}
     fc = FleetClient([W0, W1], client_factory=lambda url: wrapped[url])
@@ -138,8 +138,8 @@ def test_draft_opd_traffic_reads_every_worker_and_purges_all():
 
 @pytest.fixture()
 def pusher():
-    from specopd_trainer.fleet_push import FleetPusher
-    from specopd_trainer.fleet_rollout import FleetRollout
+    from specopd_trainer.fleet.push import FleetPusher
+    from specopd_trainer.fleet.rollout import FleetRollout
 
     workers = {}
     ro = FleetRollout([W0, W1], admin_api_key="k", worker_factory=lambda url: FakeWorker(url, workers))
@@ -159,8 +159,8 @@ def test_a_push_is_one_transaction_committed_on_every_worker(pusher):
 
 
 def test_a_refused_push_aborts_on_every_worker_and_changes_nothing(pusher):
-    from specopd_trainer.fleet_push import FleetPushError
-    from specopd_trainer.fleet_worker import DrafterUpdate
+    from specopd_trainer.fleet.push import FleetPushError
+    from specopd_trainer.fleet.worker import DrafterUpdate
 
     push, w, _ = pusher
     w[W1].refuse = "refused: the drafter's block_size differs"
@@ -172,7 +172,7 @@ def test_a_refused_push_aborts_on_every_worker_and_changes_nothing(pusher):
 
 
 def test_a_worker_that_missed_the_commit_is_reconciled_at_once(pusher):
-    from specopd_trainer.fleet_worker import DrafterUpdate
+    from specopd_trainer.fleet.worker import DrafterUpdate
 
     push, w, warnings = pusher
     w[W1].down_at_commit = True

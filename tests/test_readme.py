@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import List
 
-from sglang_specopd.app.bench.report_readme import BLOCKS
+from sglang_specopd.app.bench.report.readme import BLOCKS
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 NUMBER = re.compile(r"(?<![\w.\-/#=~^])\d+(?:[.,]\d+)*(?:x|%|s|ms|min|h|k|GB|GiB|MB|MiB)?(?![\w])")

@@ -10,7 +10,7 @@ def _diff(mean, lo, hi, n=48):
 
 
 def test_items_and_headline_rows_agree():
-    from sglang_specopd.app.bench.report_adapt import headline, main_job_item, traffic_shift_item
+    from sglang_specopd.app.bench.report.adapt import headline, main_job_item, traffic_shift_item
 
     mj = {"wall_s": 900.0, "new_domains": ["japanese", "wordsort"], "old_domains": ["coding"],
           "traffic": {"old_minutes": 2, "minutes": 8, "requests": 120, "errors_5xx": 0},

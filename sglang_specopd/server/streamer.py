@@ -6,7 +6,7 @@ step's records to ``meta_info["specopd_trace"]`` (only for requests that asked) 
 proposed for the request to ``meta_info["specopd_drafter_versions"]`` (always, on speculative servers) and, under the
 goodput policy, the number of drafts each verify step checked to ``meta_info["specopd_verify_k"]``. On a
 server that records live traffic, each finished request is also put into the traffic spool here
-(:func:`sglang_specopd.server.traffic.record_finished`; its trace stays in the scheduler unless the request asked).
+(:func:`sglang_specopd.server.traffic.spool.record_finished`; its trace stays in the scheduler unless the request asked).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from sglang_specopd.server import compat
 from sglang_specopd.server.traces import (TRACE_KEY, VERSIONS_KEY, has_pending_verify_k, take_pending,
                                           take_pending_verify_k, take_pending_versions, wants_trace)
-from sglang_specopd.server.traffic import record_finished
+from sglang_specopd.server.traffic.spool import record_finished
 from sglang_specopd.wire.policy import VERIFY_K_KEY
 
 

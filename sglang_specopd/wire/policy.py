@@ -2,7 +2,7 @@
 
 ``speculative_policy: fixed`` (SGLang's DFlash behaviour: every step verifies the whole block of
 ``block_size - 1`` drafts) or ``goodput`` (before each verify the worker picks k in 0..block_size-1 drafts to
-verify, maximising expected emitted tokens per second of step time; :mod:`sglang_specopd.server.goodput`). The
+verify, maximising expected emitted tokens per second of step time; :mod:`sglang_specopd.server.goodput.policy`). The
 server config's ``speculative_policy`` reaches every server process as :data:`POLICY_ENV` (JSON of
 :class:`PolicySettings`); ``GET /specopd/policy`` returns :class:`PolicyStats`, and ``POST /specopd/policy``
 (admin key) replaces the settings of a running server (its estimates start again). Strict pydantic models.

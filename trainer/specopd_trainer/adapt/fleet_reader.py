@@ -1,7 +1,7 @@
 """Reading every worker's traffic spool for ``specopd adapt`` against a fleet: one cursor per worker.
 
 :class:`FleetTrafficReader` keeps one :class:`~specopd_trainer.adapt.reader.TrafficReader` per worker of a
-:class:`~specopd_trainer.fleet_client.FleetClient`, each with its own :class:`~specopd_trainer.adapt.reader.Cursor`
+:class:`~specopd_trainer.fleet.client.FleetClient`, each with its own :class:`~specopd_trainer.adapt.reader.Cursor`
 (held in the adapter's state by worker URL, so a run resumes every worker's spool exactly where its last checkpoint
 left it) and the shared counters. One :meth:`read` reads one page of every worker and returns their valid items
 merged oldest first (by the time each request finished), each naming its ``worker``. Item keys stay
@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Dict, List
 
 from specopd_trainer.adapt.reader import Cursor, ReaderCounts, ServedItem, TrafficReader
-from specopd_trainer.client import ServerUnavailableError
+from specopd_trainer.client.http import ServerUnavailableError
 
 
 class _WorkerPages:

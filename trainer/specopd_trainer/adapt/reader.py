@@ -110,7 +110,7 @@ class TrafficReader:
     """Pages through the spool of the server behind ``client`` from ``cursor`` (updated in place).
 
     Args:
-        client: :class:`specopd_trainer.client.SpecOPDClient` with the admin key. cursor: where to start.
+        client: :class:`specopd_trainer.client.http.SpecOPDClient` with the admin key. cursor: where to start.
         counts: counters to update (persisted by the caller). holdout_every: k of the held-out slice.
         vocab_size: the target's vocabulary (ids outside are refused). max_items: per read (1..4096).
     """
