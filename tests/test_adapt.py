@@ -86,7 +86,13 @@ class FakeSpool:
 
 # ---- reader ---------------------------------------------------------------------------------------------------------
 
-def test_reader_counts_and_skips_bad_items_and_holds_out_every_kth_seq():
+def _held(ids, prompt_len, k=4):
+    from specopd_trainer.adapt.slices import held_out
+
+    return held_out(ids[:prompt_len], k)
+
+
+def test_reader_counts_and_skips_bad_items_and_holds_out_by_prompt_hash():
     from specopd_trainer.adapt.reader import Cursor, ReaderCounts, TrafficReader
 
     sp = FakeSpool()
@@ -100,9 +106,9 @@ def test_reader_counts_and_skips_bad_items_and_holds_out_every_kth_seq():
     reader = TrafficReader(sp, Cursor(), counts, holdout_every=4, vocab_size=97, max_items=64)
     got = reader.read()
     assert [it.seq for it in got] == [1, 6, 7, 8]
-    assert [it.held_out for it in got] == [False, False, False, True]  # seq 8 % 4 == 0 (seq 4 was bad)
+    assert [it.held_out for it in got] == [_held(_seq_ids(s, 20), 6) for s in (1, 6, 7, 8)]  # by the prompt alone
     assert counts.bad_items == {"truncated": 1, "malformed": 1, "token_out_of_vocab": 1, "trace_out_of_range": 1}
-    assert counts.items == 4 and counts.held_out == 1 and reader.cursor.after == 8
+    assert counts.items == 4 and counts.held_out == sum(it.held_out for it in got) and reader.cursor.after == 8
     assert reader.read() == []  # the cursor moved on: nothing is read twice
     sp.add(9, _seq_ids(9, 20), 6)
     assert [it.seq for it in reader.read()] == [9]
@@ -120,6 +126,27 @@ def test_reader_counts_a_malformed_page_without_moving():
     counts = ReaderCounts()
     reader = TrafficReader(BadPage(), Cursor(spool_id="x", after=3), counts, holdout_every=2, vocab_size=97)
     assert reader.read() == [] and counts.bad_pages == 1 and reader.cursor.after == 3
+
+
+def test_no_heldout_prompt_in_any_training_buffer(tmp_path):
+    """Traffic repeats prompts (at T=0 with the same response): read through the reader into the adapter's buffers,
+    no prompt of a held-out request is ever in the training buffer, and ~1/holdout_every of the prompts are held
+    out. (Held out by request number, a repeated prompt lands on both sides: this test fails on that.)"""
+    sp = FakeSpool()
+    prompts = [_run_ids(p, 40)[:8] for p in range(40)]  # 40 distinct prompts, each sent 5 times
+    g = torch.Generator().manual_seed(0)
+    order = torch.randint(len(prompts), (200,), generator=g).tolist()
+    for seq, p in enumerate(order, start=1):
+        sp.add(seq, prompts[p] + _run_ids(1000 + seq, 40)[8:], 8)
+    ad = _adapter(sp, Pushes(sp), tmp_path / "run", holdout_every=4)
+    while ad.ingest():
+        pass
+    assert len(ad.train_buf) + len(ad.hold_buf) == 200
+    held = {tuple(s.token_ids[:s.prompt_len].tolist()) for s in ad.hold_buf.sequences}
+    trained = {tuple(s.token_ids[:s.prompt_len].tolist()) for s in ad.train_buf.sequences}
+    assert held and trained and not held & trained, "a held-out prompt is in the training buffer"
+    distinct = {tuple(p) for p in (prompts[i] for i in order)}
+    assert 0.1 <= len(held) / len(distinct) <= 0.4  # ~1/4 of the distinct prompts
 
 
 # ---- buffer ---------------------------------------------------------------------------------------------------------
@@ -269,9 +296,10 @@ def test_adapter_learns_the_traffic_and_pushes_a_better_candidate(trained):
     ad, out, pushes, start = trained
     sp = ad.client
     assert out["stopped_by"] == "max_steps" and out["step"] == 200
-    assert out["holdout_items"] == 12 and out["train_items"] == 36  # every 4th of 48 held out, never trained on
+    n_held = sum(_held(_run_ids(s, 40), 8) for s in range(1, 49))  # 8 of 48 prompts by their hash
+    assert out["holdout_items"] == n_held and out["train_items"] == 48 - n_held  # held out: never trained on
     cands = [v for v in out["verdicts"] if v["kind"] == "candidate"]
-    assert len(cands) == 5 and cands[0]["requests"] == 12
+    assert len(cands) == 5 and cands[0]["requests"] == n_held
     assert out["pushes"] >= 1 and pushes.versions[0] == "adapt-run-1" and sp.version == out["deployed_version"]
     first = next(v for v in cands if v["deploy"])
     assert first["candidate_tau"] > first["deployed_tau"] and first["ci95"][0] > 0
@@ -322,9 +350,10 @@ def test_adapter_resumes_where_it_stopped(tmp_path):
     second = _adapter(sp, pushes, tmp_path / "run", max_steps=20)
     assert second.state.step == 12 and second.state.cursor.after == 24
     assert all(torch.equal(weights[k], v) for k, v in second.drafter.state_dict().items())
-    assert len(second.train_buf) == out1["train_items"] == 18
+    n_train = [sum(not _held(_run_ids(s, 40), 8) for s in range(1, n + 1)) for n in (24, 32)]
+    assert len(second.train_buf) == out1["train_items"] == n_train[0]
     out2 = second.run()
-    assert out2["step"] == 20 and out2["train_items"] == 24 and out2["reader"]["items"] == 32
+    assert out2["step"] == 20 and out2["train_items"] == n_train[1] and out2["reader"]["items"] == 32
     assert second.train_buf.counts["duplicates"] == 0
 
 

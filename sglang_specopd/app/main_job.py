@@ -98,7 +98,7 @@ def run_main_job(cfg: MainJobConfig, say=print) -> Dict[str, Any]:
         new = mixed([r for d in cfg.new_domains for r in domain_split(d)[0]], seed=0)
         say(f"traffic: {cfg.streams} users send {', '.join(cfg.old_domains)} prompts for {cfg.old_minutes:g} min, "
             f"then {', '.join(cfg.new_domains)} prompts for {cfg.traffic_minutes:g} min; specopd adapt "
-            f"({cfg.algorithm}) learns from it, every {adapt_cfg.holdout_every}th request held out")
+            f"({cfg.algorithm}) learns from it, 1 in {adapt_cfg.holdout_every} prompts held out")
         t0 = time.monotonic()
         served, adapted = _traffic(server.url, adapter, cfg, old, new, say)
         timings["traffic_and_adapt_s"] = round(time.monotonic() - t0, 1)

@@ -16,8 +16,9 @@ class AdaptConfig(BaseModel):
                                                       "(one with an adapt step: sft, specopd, draft-opd)")
     algorithm_options: Dict[str, object] = Field(
         default_factory=dict, description="overrides of that algorithm's config fields (CLI: --set key=value)")
-    holdout_every: int = Field(default=4, ge=2, description="every k-th served request (spool seq divisible by k) is "
-                                                            "held out: never trained on, used to judge candidates")
+    holdout_every: int = Field(default=4, ge=2, description="~1/k of the distinct prompts (a hash of the prompt's "
+                                                            "ids divisible by k) are held out: never trained on, "
+                                                            "used to judge candidates")
     min_holdout: int = Field(default=12, ge=2, description="held-out requests needed before a candidate is judged")
     holdout_window: int = Field(default=48, ge=2, description="judge on the newest N held-out requests")
     holdout_older: int = Field(default=48, ge=0, description="also on up to N older held-out requests, spread over "
