@@ -149,6 +149,50 @@ def test_no_heldout_prompt_in_any_training_buffer(tmp_path):
     assert 0.1 <= len(held) / len(distinct) <= 0.4  # ~1/4 of the distinct prompts
 
 
+def test_slices_key_the_first_tokens_after_the_header_and_pool_the_rare_ones():
+    from specopd_trainer.adapt.slices import OTHER, SliceKeyer, majority_header
+
+    header = [1, 2, 3, 4]
+    task = header + [50, 51, 52]  # a task template: its own slice once seen 2 times
+    agent = [1, 2, 9, 9, 9]  # its own system prompt: the header ends at 2 tokens, then the agent's prompt
+    assert majority_header([header + [7], header + [8], task + [9], [5, 6]]) == header  # 3 of 4 share it
+    seen = {}
+    keyer = SliceKeyer(header, 3, 2, 8, seen)
+    assert keyer.slice_of(task + [60, 61]) == OTHER  # first time: pooled
+    first = keyer.slice_of(task + [70])
+    assert first != OTHER and keyer.slice_of(task + [80, 81, 82]) == first  # the same first 3 tokens after the header
+    assert keyer.slice_of(agent + [1]) == OTHER and keyer.slice_of(agent + [2]) not in (OTHER, first)
+    assert keyer.slice_of(header + [99, 98, 97]) == OTHER  # a one-off prompt
+    small = SliceKeyer(header, 3, 1, 1, {})  # room for one slice only
+    assert small.slice_of(task) != OTHER and small.slice_of(agent) == OTHER
+
+
+def test_held_out_slices_keep_their_size_after_a_shift(tmp_path):
+    """Per slice at most N held-out requests, the oldest of that slice dropped: 200 requests of a new slice after a
+    shift leave the old slices' held-out items in place (one FIFO window would have pushed them all out); the drops
+    survive a reopen."""
+    from dataclasses import replace
+
+    from specopd_trainer.adapt.buffer import TrafficBuffer
+
+    buf = TrafficBuffer(tmp_path / "h", 2**30, per_slice=5)
+    old = [replace(_tseq(f"o{s}:{i}"), slice=f"old{s}") for i in range(8) for s in range(2)]
+    buf.add(old)
+    assert {k: len(v) for k, v in buf.by_slice().items()} == {"old0": 5, "old1": 5}
+    assert [s.id for s in buf.by_slice()["old0"]] == [f"o0:{i}" for i in range(3, 8)]  # the newest 5 of it
+    for j in range(20):
+        buf.add([replace(_tseq(f"n:{j}:{i}"), slice="new") for i in range(10)])
+    sizes = {k: len(v) for k, v in buf.by_slice().items()}
+    assert sizes == {"old0": 5, "old1": 5, "new": 5} and buf.counts["evicted"] == 6 + 195
+    again = TrafficBuffer(tmp_path / "h", 2**30, per_slice=5)
+    assert [s.id for s in again.sequences] == [s.id for s in buf.sequences]
+    assert again.add([_tseq("o0:0")]) == 0  # a dropped request read again (a resume) stays dropped
+    tight = TrafficBuffer(tmp_path / "t", 3 * _tseq("x").nbytes, per_slice=5)  # bytes: the largest slice gives way
+    tight.add([replace(_tseq(f"a{i}"), slice="a") for i in range(2)] + [replace(_tseq("b0"), slice="b")])
+    tight.add([replace(_tseq("a9"), slice="a")])
+    assert [s.id for s in tight.sequences] == ["a1", "b0", "a9"]
+
+
 # ---- buffer ---------------------------------------------------------------------------------------------------------
 
 def _tseq(key, n=24, served_by=("v",)):

@@ -89,6 +89,7 @@ def run_main_job(cfg: MainJobConfig, say=print) -> Dict[str, Any]:
         timings["eval_before_s"] = round(time.monotonic() - t0, 1)
         drafter = drafter_class_for_checkpoint(spec.drafter_path).from_pretrained(spec.drafter_path, target)
         adapt_cfg = AdaptConfig(algorithm=cfg.algorithm, lr=cfg.lr, log_every_s=30.0, start_at="newest",
+                                slice_header=_template_header(target),
                                 algorithm_options=dict(ADAPT_OPTIONS.get(cfg.algorithm, {})))
         adapter = Adapter(client, drafter, run_dir, adapt_cfg,
                           push=lambda d, version: push_drafter(server.url, d, version, ADMIN_KEY),
@@ -159,6 +160,18 @@ def _measure(url: str, target: Path, cfg: MainJobConfig, say, when: str) -> Dict
     old = evaluate_acceptance(url, str(target), list(cfg.old_domains), temperature=0.0, limit=cfg.eval_old,
                               max_new_tokens=cfg.eval_max_new_tokens, progress=False)
     return {"new": new, "old": old}
+
+
+def _template_header(target: Path) -> Tuple[int, ...]:
+    """The target's chat-template header (the adapter's slices are keyed after it); () when it cannot be read."""
+    try:
+        from transformers import AutoTokenizer
+
+        from specopd_trainer.adapt.slices import template_header
+
+        return tuple(template_header(AutoTokenizer.from_pretrained(str(target))))
+    except Exception:  # the adapter then takes the first page's majority prefix
+        return ()
 
 
 def domains_of(result: Dict[str, Any]) -> Sequence[str]:

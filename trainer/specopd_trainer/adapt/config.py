@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, Literal, Optional
+from typing import Dict, Literal, Optional, Tuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,6 +21,16 @@ class AdaptConfig(BaseModel):
                                                             "used to judge candidates")
     min_holdout: int = Field(default=12, ge=2, description="held-out requests needed before a candidate is judged")
     holdout_window: int = Field(default=48, ge=2, description="judge on the newest N held-out requests")
+    holdout_per_slice: int = Field(default=32, ge=2, description="held-out requests kept per slice of the traffic "
+                                                                 "(oldest of that slice dropped): old slices keep "
+                                                                 "their held-out size after a shift")
+    slice_prefix_tokens: int = Field(default=4, ge=1, description="a slice is a hash of the prompt's first K tokens "
+                                                                  "after the chat template's header")
+    slice_header: Tuple[int, ...] = Field(default=(), description="the chat template's fixed header (token ids); "
+                                                                  "empty: the majority prefix of the first page read")
+    slice_min_seen: int = Field(default=4, ge=1, description="a prefix becomes its own slice once seen this often "
+                                                             "(before: the shared slice 'other')")
+    max_slices: int = Field(default=32, ge=1, description="at most this many slices (the rest: 'other')")
     holdout_older: int = Field(default=48, ge=0, description="also on up to N older held-out requests, spread over "
                                                              "the run: a candidate measured worse there (interval "
                                                              "below 0) is not deployed (0: newest only)")

@@ -36,6 +36,7 @@ from specopd_trainer.adapt.guard import Verdict, compare, walk_rows, worse
 from specopd_trainer.adapt.fleet_reader import reader_for
 from specopd_trainer.adapt.reader import ServedItem
 from specopd_trainer.adapt.report import StatusPrinter, status_line, summary
+from specopd_trainer.adapt.slices import SliceKeyer, majority_header
 from specopd_trainer.adapt.state import AdaptState
 from specopd_trainer.algorithms.registry import NothingToTrain
 from specopd_trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -70,7 +71,8 @@ class Adapter:
         self.run_dir, self.sleep, self._serving_version = Path(run_dir), sleep, serving_version
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.train_buf = TrafficBuffer(self.run_dir / "train", int(cfg.train_buffer_mb * 2**20))
-        self.hold_buf = TrafficBuffer(self.run_dir / "holdout", int(cfg.holdout_buffer_mb * 2**20))
+        self.hold_buf = TrafficBuffer(self.run_dir / "holdout", int(cfg.holdout_buffer_mb * 2**20),
+                                      per_slice=cfg.holdout_per_slice)
         self.features = FeatureSource(client, drafter.spec.target_layer_ids, cfg.features)
         self.params = [p for p in drafter.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
@@ -147,17 +149,27 @@ class Adapter:
         if not items:
             return 0
         feats = self.features.features(items)
+        keyer = self._slice_keyer([it.input_ids[:it.prompt_len] for it in items])
         train, hold = [], []
         for it in items:
             seq = TrafficSequence(id=it.key, domain="traffic", token_ids=torch.tensor(it.input_ids, dtype=torch.long),
                                   features=feats[it.key], prompt_len=it.prompt_len, records=tuple(it.trace),
-                                  served_by=tuple(it.versions), worker=it.worker)
+                                  served_by=tuple(it.versions), worker=it.worker,
+                                  slice=keyer.slice_of(it.input_ids[:it.prompt_len]))
             (hold if it.held_out else train).append(seq)
             self.state.traffic_tokens_seen += len(it.input_ids)
         self.state.traffic_tokens_trained += sum(len(s.token_ids) - s.prompt_len for s in train)
         n = self.train_buf.add(train) + self.hold_buf.add(hold)
         self._train_view = self.train_buf.sequences
         return n
+
+    def _slice_keyer(self, prompts) -> SliceKeyer:
+        """The slice keyer; its header is frozen at the first page read (config, else that page's majority)."""
+        cfg = self.cfg
+        if self.state.slice_header is None:
+            self.state.slice_header = list(cfg.slice_header) or majority_header(prompts)
+        return SliceKeyer(self.state.slice_header, cfg.slice_prefix_tokens, cfg.slice_min_seen, cfg.max_slices,
+                          self.state.slice_seen)
 
     # ---- training ----------------------------------------------------------------------------------------------
     def train_step(self) -> bool:
