@@ -311,7 +311,7 @@ def _adapter(sp, pushes, run_dir, **overrides):
     from specopd_trainer.adapt.config import AdaptConfig
     from specopd_trainer.adapt.loop import Adapter
 
-    cfg = AdaptConfig(**{"min_holdout": 6, "holdout_every": 4, "eval_every": 40, "min_train_tokens": 64,
+    cfg = AdaptConfig(**{"min_holdout": 4, "holdout_window": 4, "holdout_every": 4, "eval_every": 40, "min_train_tokens": 64,
                          "lr": 1e-2, "warmup_steps": 2, "poll_s": 0.01, "ckpt_every": 10, "max_steps": 200, "retain": 0.0,
                          "algorithm_options": {"seqs_per_step": 4, "anchors_per_seq": 8}, **overrides})
     return Adapter(sp, tiny_drafter(seed=0), run_dir, cfg, push=pushes, serving_version=lambda: sp.version,
@@ -343,7 +343,7 @@ def test_adapter_learns_the_traffic_and_pushes_a_better_candidate(trained):
     n_held = sum(_held(_run_ids(s, 40), 8) for s in range(1, 49))  # 8 of 48 prompts by their hash
     assert out["holdout_items"] == n_held and out["train_items"] == 48 - n_held  # held out: never trained on
     cands = [v for v in out["verdicts"] if v["kind"] == "candidate"]
-    assert len(cands) == 5 and cands[0]["requests"] == n_held
+    assert len(cands) == 5 and cands[0]["requests"] == 4  # the newest 4; the older 4 judged apart
     assert out["pushes"] >= 1 and pushes.versions[0] == "adapt-run-1" and sp.version == out["deployed_version"]
     first = next(v for v in cands if v["deploy"])
     assert first["candidate_tau"] > first["deployed_tau"] and first["ci95"][0] > 0
@@ -364,7 +364,9 @@ def test_the_guard_never_deploys_a_worse_candidate(trained):
     assert pushes.versions == [] and ad.client.version == ad.state.deployed_version
 
 
-def test_rollback_when_the_deployed_drafter_measures_worse_than_the_one_before(trained):
+def test_rollback_when_the_deployed_drafter_measures_worse_than_the_one_before(trained, monkeypatch):
+    import specopd_trainer.adapt.judge as judge_mod
+
     ad, pushes = _copy(trained)
     good = copy.deepcopy(ad.deployed.state_dict())
     with torch.no_grad():  # pretend a bad drafter was deployed after the good one
@@ -375,6 +377,11 @@ def test_rollback_when_the_deployed_drafter_measures_worse_than_the_one_before(t
     ad.state.deployed.append({"version": "bad", "step": 200, "t_s": 0.0, "why": "test"})
     ad.drafter.load_state_dict(ad.deployed.state_dict())  # the candidate is no better than the deployed one
     ad._dep_cache.clear()
+    ad.cfg = ad.cfg.model_copy(update={"holdout_window": 48})  # the rollback check on every held-out request
+    # (8 held-out requests: the walks are stand-ins, the broken deployed and candidate drafters 1.2, the one before 1.5)
+    monkeypatch.setattr(judge_mod, "walk_rows", lambda d, seqs, cache=None: [
+        {"id": s.id, "domain": "traffic", "verify_steps": 10,
+         "completion_tokens": 12 if d is ad.deployed or d is ad.drafter else 15} for s in seqs])
     ad.judge()
     previous_version = ad.state.deployed[-3]["version"]
     assert ad.state.rollbacks == trained[1]["rollbacks"] + 1
@@ -418,7 +425,7 @@ def test_a_new_run_can_start_at_the_newest_item(tmp_path):
 
 def test_a_candidate_worse_on_older_traffic_is_not_deployed(tmp_path, monkeypatch):
     """Better on the newest held-out requests (a new domain) but worse on the older ones (forgetting): kept out."""
-    import specopd_trainer.adapt.loop as loop
+    import specopd_trainer.adapt.judge as loop
 
     sp = _spool_with_traffic(n=200)  # 50 held out: 48 newest + the older ones
     pushes = Pushes(sp)
@@ -445,7 +452,7 @@ def test_a_candidate_worse_on_older_traffic_is_not_deployed(tmp_path, monkeypatc
 def test_small_losses_per_push_cannot_add_up_on_older_traffic(tmp_path, monkeypatch):
     """Equal to the deployed drafter on the older held-out requests, but worse there than the run's start drafter (a
     deployed drafter that already lost a little): kept out; equal to the start: deployed."""
-    import specopd_trainer.adapt.loop as loop
+    import specopd_trainer.adapt.judge as loop
 
     sp = _spool_with_traffic(n=200)
     pushes = Pushes(sp)
@@ -544,3 +551,63 @@ def test_retention_draws_what_the_start_drafter_did_well(tmp_path, monkeypatch):
         assert m["retained_slots"] >= 0 and m["supervised_tokens"] == 3 * 8 * 3  # 3 CE requests x 8 anchors x G=3
     assert seen == [True] * 3
     assert sorted(calls) == sorted(s.id for s in ad.train_buf.sequences)  # each request weighed once
+
+
+# ---- the guard per slice (synthetic per-item taus) ------------------------------------------------------------------
+
+def _judge_case(monkeypatch, slices, cand_delta, **cfg_over):
+    """A stand-in adapter whose held-out requests are ``slices`` [(slice, n)] oldest first; per request the deployed
+    and start drafters walk tau 1.5 + 0.1 * (i % 3), the candidate that plus ``cand_delta[slice]``."""
+    import specopd_trainer.adapt.judge as judge_mod
+    from specopd_trainer.adapt.config import AdaptConfig
+    from specopd_trainer.adapt.state import AdaptState
+
+    hold = [SimpleNamespace(id=f"{name}{i}", slice=name) for name, n in slices for i in range(n)]
+    base = {s.id: 1.5 + 0.1 * (i % 3) for i, s in enumerate(hold)}
+    cand, dep, start = object(), object(), object()
+
+    def rows(drafter, seqs, cache=None):
+        return [{"id": s.id, "domain": "traffic", "verify_steps": 10,
+                 "completion_tokens": round(10 * (base[s.id] + (cand_delta[s.slice] if drafter is cand else 0)))}
+                for s in seqs]
+
+    monkeypatch.setattr(judge_mod, "walk_rows", rows)
+    pushed = []
+    cfg = AdaptConfig(**{"holdout_window": 12, "min_holdout": 6, "holdout_older": 48, **cfg_over})
+    ad = SimpleNamespace(cfg=cfg, state=AdaptState(), hold_buf=SimpleNamespace(sequences=hold), drafter=cand,
+                         deployed=dep, anchor=start, _dep_cache={}, _start_cache={}, previous=None,
+                         next_version=lambda: "adapt-x-1",
+                         deploy_candidate=lambda version, why: pushed.append(version) or True)
+    return judge_mod.judge(ad), pushed
+
+
+def test_a_candidate_worse_on_one_slice_is_refused_naming_the_slice(monkeypatch):
+    # older: coding (12, worse by 0.2) and agentic (12, better); newest 12: wordsort, better by 0.5
+    v, pushed = _judge_case(monkeypatch, [("coding", 12), ("agentic", 12), ("wordsort", 12)],
+                            {"coding": -0.2, "agentic": 0.4, "wordsort": 0.5})
+    assert v["ci95"][0] > 0  # better overall on the newest traffic
+    assert v["slices"]["coding"]["passed"] is False and v["slices"]["coding"]["ci95"][0] < -0.02
+    assert v["slices"]["agentic"]["passed"] and v["slices"]["wordsort"]["passed"]
+    assert v["deploy"] is False and pushed == [] and "worse on slice coding than the deployed drafter" in v["reason"]
+    assert v["slices_vs_start"]["coding"]["passed"] is False
+
+
+def test_a_small_slice_is_reported_not_judged_and_does_not_block(monkeypatch):
+    # older: agentic (12, better), japanese (3 < guard_min_slice_items, worse); newest 12: wordsort, better
+    v, pushed = _judge_case(monkeypatch, [("agentic", 12), ("japanese", 3), ("wordsort", 12)],
+                            {"agentic": 0.4, "japanese": -0.3, "wordsort": 0.5}, guard_min_slice_items=8)
+    assert v["deploy"] is True and pushed == ["adapt-x-1"] and v["pushed"] == "adapt-x-1"
+    assert v["slices"]["japanese"] == {"items": 3, "ran": False, "passed": None,
+                                       "why": "3 held-out requests < 8: not judged"}
+    assert v["not_judged"] == ["japanese"] and "slices not judged" in v["reason"] and "japanese" in v["reason"]
+    assert v["older"]["ran"] and v["older"]["passed"]
+
+
+def test_a_check_that_could_not_run_blocks_the_push_and_says_so(monkeypatch):
+    # 12 held-out requests, all inside the newest window: no older traffic to check (issue 51's silent deploy)
+    v, pushed = _judge_case(monkeypatch, [("wordsort", 12)], {"wordsort": 0.5})
+    assert v["ci95"][0] > 0 and v["deploy"] is False and pushed == []
+    assert v["older"]["ran"] is False and v["older_vs_start"]["ran"] is False
+    assert "the older-traffic check (vs the deployed drafter) could not run" in v["reason"]
+    v, pushed = _judge_case(monkeypatch, [("wordsort", 4)], {"wordsort": 0.5})  # < min_holdout: overall not run
+    assert v["ran"] is False and v["deploy"] is False and "not judged" in v["reason"] and pushed == []

@@ -40,6 +40,12 @@ class AdaptConfig(BaseModel):
     deploy_rule: Literal["ci", "mean"] = Field(
         default="ci", description="ci: push only when the paired 95% interval of (candidate - deployed) held-out "
                                   "tau lies above min_gain; mean: when the mean difference does")
+    guard_min_slice_items: int = Field(default=8, ge=2, description="a slice with at least this many held-out "
+                                                                     "requests is judged on its own (fewer: "
+                                                                     "reported as not judged)")
+    guard_margin: float = Field(default=0.02, ge=0, description="non-inferiority margin (tau) per slice: the "
+                                                                "candidate's paired 95% lower bound of (candidate "
+                                                                "- deployed) must be above -margin")
     min_gain: float = Field(default=0.0, ge=0, description="the tau gain (tokens per verify) the rule must clear")
     rollback: bool = Field(default=True, description="push the previous drafter back when the deployed one measures "
                                                      "worse than it on the held-out slice (interval below 0)")

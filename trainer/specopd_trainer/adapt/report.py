@@ -66,3 +66,15 @@ def summary(state: AdaptState, *, train_items: int, holdout_items: int, stopped_
     """The run's result as JSON-able dict: the state plus buffer counts and why it stopped."""
     return {**state.as_dict(), "train_items": train_items, "holdout_items": holdout_items, "stopped_by": stopped_by,
             "buffers": buffers, "deployed_version": state.deployed_version}
+
+
+def metrics_row(path, state: AdaptState, *, loss: Optional[float], train_items: int, holdout_items: int) -> None:
+    """Append one JSON row (step, wall time, loss, counters, the last verdict) to ``path`` (``metrics.jsonl``)."""
+    import json
+
+    v = state.verdicts[-1] if state.verdicts else {}
+    row = {"step": state.step, "wall_s": round(state.wall_s, 2), "loss": loss,
+           "traffic_tokens_seen": state.traffic_tokens_seen, "pushes": state.pushes, "rollbacks": state.rollbacks,
+           "train_items": train_items, "holdout_items": holdout_items, "last_verdict": v}
+    with open(path, "a") as fh:
+        fh.write(json.dumps(row) + "\n")
