@@ -611,3 +611,26 @@ def test_a_check_that_could_not_run_blocks_the_push_and_says_so(monkeypatch):
     assert "the older-traffic check (vs the deployed drafter) could not run" in v["reason"]
     v, pushed = _judge_case(monkeypatch, [("wordsort", 4)], {"wordsort": 0.5})  # < min_holdout: overall not run
     assert v["ran"] is False and v["deploy"] is False and "not judged" in v["reason"] and pushed == []
+
+
+def test_after_a_shift_every_step_still_draws_old_slices_in_the_configured_share():
+    """The training buffer holds only the new slice (its FIFO dropped the old traffic); the rehearsal buffer holds
+    old0, old1 and new. Over every index of the view (what a uniform draw sees): rehearsal 0.25 of it, spread evenly
+    over the 3 slices, so old slices get 0.25 * 2/3 of every step's requests; sampled as SFT draws, the same."""
+    from specopd_trainer.adapt.config import AdaptConfig
+    from specopd_trainer.adapt.view import TrainView
+
+    new = [SimpleNamespace(id=f"n{i}", slice="new") for i in range(90)]
+    reh = {"old0": [SimpleNamespace(id=f"a{i}", slice="old0") for i in range(5)],
+           "old1": [SimpleNamespace(id=f"b{i}", slice="old1") for i in range(7)], "new": new[-10:]}
+    view = TrainView(SimpleNamespace(cfg=AdaptConfig(rehearsal=0.25), _train_view=new, _rehearsal_view=reh))
+    assert len(view) == 90 + 30  # 30 / 120 = 0.25
+    drawn = [view[i].slice for i in range(len(view))]
+    assert drawn.count("old0") == drawn.count("old1") == 10 and drawn.count("new") == 100
+    assert {view[i].id for i in range(len(view)) if view[i].slice == "old1"} == {f"b{i}" for i in range(7)}
+    g = torch.Generator().manual_seed(0)
+    picks = torch.randint(len(view), (4000,), generator=g).tolist()
+    old_share = sum(view[i].slice != "new" for i in picks) / len(picks)
+    assert abs(old_share - 0.25 * 2 / 3) < 0.03
+    off = TrainView(SimpleNamespace(cfg=AdaptConfig(rehearsal=0.0), _train_view=new, _rehearsal_view=reh))
+    assert len(off) == 90 and list(off) == new

@@ -54,6 +54,10 @@ class AdaptConfig(BaseModel):
                                                                 "the start drafter's predictions where it proposed the "
                                                                 "served token (not forgetting what it served well; 0 = "
                                                                 "off)")
+    rehearsal: float = Field(default=0.25, ge=0, le=0.9, description="share of every training step's requests "
+                                                                     "drawn from the rehearsal buffer (older traffic, "
+                                                                     "evenly over its slices), every algorithm")
+    rehearsal_per_slice: int = Field(default=64, ge=1, description="rehearsal requests kept per slice (newest)")
     warmup_steps: int = Field(default=10, ge=0, description="linear LR warmup steps")
     weight_decay: float = Field(default=0.0, ge=0)
     grad_clip: float = Field(default=1.0, gt=0)

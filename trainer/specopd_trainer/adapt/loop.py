@@ -69,6 +69,8 @@ class Adapter:
         self.train_buf = TrafficBuffer(self.run_dir / "train", int(cfg.train_buffer_mb * 2**20))
         self.hold_buf = TrafficBuffer(self.run_dir / "holdout", int(cfg.holdout_buffer_mb * 2**20),
                                       per_slice=cfg.holdout_per_slice)
+        self.rehearsal_buf = TrafficBuffer(self.run_dir / "rehearsal", int(cfg.train_buffer_mb * 2**18),
+                                           per_slice=cfg.rehearsal_per_slice)  # older traffic per slice (.view)
         self.features = FeatureSource(client, drafter.spec.target_layer_ids, cfg.features)
         self.params = [p for p in drafter.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
@@ -82,7 +84,7 @@ class Adapter:
         self.reader = reader_for(client, self.state, cfg, int(drafter.spec.vocab_size))  # a fleet: one per worker
         if self._fresh and cfg.start_at == "newest":  # a new run skips what the spool(s) hold now
             self.reader.skip_to_newest()
-        self._train_view: List[TrafficSequence] = self.train_buf.sequences
+        self._train_view, self._rehearsal_view = self.train_buf.sequences, self.rehearsal_buf.by_slice()
         ctx = AdaptContext(drafter=drafter, client=client, train=TrainView(self), fresh_versions=self.fresh_versions,
                            anchor=self.anchor, retain=cfg.retain)
         self.step_fn = alg.adapt(ctx, alg.make_config(**cfg.algorithm_options))
@@ -156,7 +158,8 @@ class Adapter:
             self.state.traffic_tokens_seen += len(it.input_ids)
         self.state.traffic_tokens_trained += sum(len(s.token_ids) - s.prompt_len for s in train)
         n = self.train_buf.add(train) + self.hold_buf.add(hold)
-        self._train_view = self.train_buf.sequences
+        self.rehearsal_buf.add(train)
+        self._train_view, self._rehearsal_view = self.train_buf.sequences, self.rehearsal_buf.by_slice()
         return n
 
     def _slice_keyer(self, prompts) -> SliceKeyer:
