@@ -634,3 +634,38 @@ def test_after_a_shift_every_step_still_draws_old_slices_in_the_configured_share
     assert abs(old_share - 0.25 * 2 / 3) < 0.03
     off = TrainView(SimpleNamespace(cfg=AdaptConfig(rehearsal=0.0), _train_view=new, _rehearsal_view=reh))
     assert len(off) == 90 and list(off) == new
+
+
+# ---- what the progress line says ------------------------------------------------------------------------------------
+
+def test_the_progress_line_names_each_state_of_the_last_judgement():
+    from specopd_trainer.adapt.report import status_line
+    from specopd_trainer.adapt.state import AdaptState
+
+    def line(*verdicts):
+        st = AdaptState(step=300)
+        for v in verdicts:
+            st.note_verdict(v)
+        return status_line(st, train_items=10, holdout_items=4, loss=None)
+
+    m = {"candidate_tau": 1.316, "deployed_tau": 1.232, "diff": 0.084, "ci95": [0.016, 0.164], "requests": 12,
+         "step": 100}
+    assert "candidate not judged yet" in line()
+    assert "candidate not judged at step 100 (not judged: 4 held-out requests < 12" in line(
+        {"kind": "candidate", "step": 100, "ran": False, "deploy": False,
+         "reason": "not judged: 4 held-out requests < 12 (the overall check could not run)"})
+    pushed = line({**m, "kind": "candidate", "ran": True, "deploy": True, "pushed": "adapt-x-1", "reason": "ok"})
+    assert "pushed adapt-x-1 at step 100" in pushed and "deployed now" in pushed and "vs deployed 1.232" not in pushed
+    rejected = line({**m, "kind": "candidate", "ran": True, "deploy": False, "reason": "worse on slice s-1"},
+                    {"kind": "candidate_reset", "step": 100, "why": "rollback"})
+    assert "candidate rejected at step 100: 1.316 vs deployed 1.232" in rejected and "worse on slice s-1" in rejected
+    assert "not judged" not in rejected  # a rejection right before is not "not judged yet"
+    back = line({**m, "kind": "candidate", "ran": True, "deploy": False, "reason": "x"},
+                {**m, "kind": "deployed_vs_previous", "rolled_back": True, "pushed": "initial-rollback"})
+    assert "rollback check at step 100: deployed 1.316 vs previous 1.232" in back and "rolled back to initial" in back
+
+
+def test_version_names_have_one_adapt_prefix(tmp_path):
+    sp = _spool_with_traffic(n=4)
+    assert _adapter(sp, Pushes(sp), tmp_path / "adapt-20250101-000000").next_version() == "adapt-20250101-000000-1"
+    assert _adapter(sp, Pushes(sp), tmp_path / "run").next_version() == "adapt-run-1"

@@ -41,7 +41,7 @@ class MainJobConfig(BaseModel):
     new_domains: Tuple[str, ...] = NEW_DOMAINS
     old_domains: Tuple[str, ...] = OLD_DOMAINS
     eval_new: int = Field(default=24, ge=1, description="held-out prompts per new domain (tau before / after)")
-    eval_old: int = Field(default=6, ge=1, description="held-out prompts per old domain (forgetting check)")
+    eval_old: int = Field(default=12, ge=1, description="held-out prompts per old domain (forgetting check)")
     eval_max_new_tokens: int = Field(default=64, ge=8)
     old_minutes: float = Field(default=2.0, ge=0, description="minutes of old-domain traffic before the shift")
     traffic_minutes: float = Field(default=8.0, gt=0, description="minutes of shifted traffic while adapting")
@@ -103,14 +103,15 @@ def run_main_job(cfg: MainJobConfig, say=print) -> Dict[str, Any]:
         t0 = time.monotonic()
         served, adapted = _traffic(server.url, adapter, cfg, old, new, say)
         timings["traffic_and_adapt_s"] = round(time.monotonic() - t0, 1)
-        records = new
+        sample = domain_split(cfg.new_domains[0])[1][0]  # the closing sample: a held-out prompt, never traffic
         t0 = time.monotonic()
         after = _measure(server.url, target, cfg, say, "after adapting")
         timings["eval_after_s"] = round(time.monotonic() - t0, 1)
         info = client._request("GET", "/specopd/drafter").json()
         chat = client._request("POST", "/v1/chat/completions", json={
             "model": "default", "max_tokens": 64, "temperature": 0, "return_meta_info": True,
-            "messages": records[1]["messages"]}).json()["choices"][0]
+            "messages": sample["messages"],
+            "custom_params": {"specopd_spool": False}}).json()["choices"][0]
         saved = None
         if adapted["pushes"] and info.get("version") == adapted["deployed_version"]:
             saved = adapter.deployed.save_pretrained(work / "drafter-adapted", overwrite=True)
