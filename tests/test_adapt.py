@@ -312,7 +312,7 @@ def _adapter(sp, pushes, run_dir, **overrides):
     from specopd_trainer.adapt.loop import Adapter
 
     cfg = AdaptConfig(**{"min_holdout": 4, "holdout_window": 4, "holdout_every": 4, "eval_every": 40, "min_train_tokens": 64,
-                         "lr": 1e-2, "warmup_steps": 2, "poll_s": 0.01, "ckpt_every": 10, "max_steps": 200, "retain": 0.0,
+                         "lr": 1e-2, "warmup_steps": 2, "poll_s": 0.01, "ckpt_every": 10, "max_steps": 200, "retain": 0.0, "rehearsal": 0.0,
                          "algorithm_options": {"seqs_per_step": 4, "anchors_per_seq": 8}, **overrides})
     return Adapter(sp, tiny_drafter(seed=0), run_dir, cfg, push=pushes, serving_version=lambda: sp.version,
                    progress=False, sleep=lambda s: None)
