@@ -41,7 +41,7 @@ class MainJobConfig(BaseModel):
     new_domains: Tuple[str, ...] = NEW_DOMAINS
     old_domains: Tuple[str, ...] = OLD_DOMAINS
     eval_new: int = Field(default=24, ge=1, description="held-out prompts per new domain (tau before / after)")
-    eval_old: int = Field(default=6, ge=1, description="held-out prompts per old domain (forgetting check)")
+    eval_old: int = Field(default=12, ge=1, description="held-out prompts per old domain (forgetting check)")
     eval_max_new_tokens: int = Field(default=64, ge=8)
     old_minutes: float = Field(default=2.0, ge=0, description="minutes of old-domain traffic before the shift")
     traffic_minutes: float = Field(default=8.0, gt=0, description="minutes of shifted traffic while adapting")
@@ -89,6 +89,7 @@ def run_main_job(cfg: MainJobConfig, say=print) -> Dict[str, Any]:
         timings["eval_before_s"] = round(time.monotonic() - t0, 1)
         drafter = drafter_class_for_checkpoint(spec.drafter_path).from_pretrained(spec.drafter_path, target)
         adapt_cfg = AdaptConfig(algorithm=cfg.algorithm, lr=cfg.lr, log_every_s=30.0, start_at="newest",
+                                slice_header=_template_header(target),
                                 algorithm_options=dict(ADAPT_OPTIONS.get(cfg.algorithm, {})))
         adapter = Adapter(client, drafter, run_dir, adapt_cfg,
                           push=lambda d, version: push_drafter(server.url, d, version, ADMIN_KEY),
@@ -98,18 +99,19 @@ def run_main_job(cfg: MainJobConfig, say=print) -> Dict[str, Any]:
         new = mixed([r for d in cfg.new_domains for r in domain_split(d)[0]], seed=0)
         say(f"traffic: {cfg.streams} users send {', '.join(cfg.old_domains)} prompts for {cfg.old_minutes:g} min, "
             f"then {', '.join(cfg.new_domains)} prompts for {cfg.traffic_minutes:g} min; specopd adapt "
-            f"({cfg.algorithm}) learns from it, every {adapt_cfg.holdout_every}th request held out")
+            f"({cfg.algorithm}) learns from it, 1 in {adapt_cfg.holdout_every} prompts held out")
         t0 = time.monotonic()
         served, adapted = _traffic(server.url, adapter, cfg, old, new, say)
         timings["traffic_and_adapt_s"] = round(time.monotonic() - t0, 1)
-        records = new
+        sample = domain_split(cfg.new_domains[0])[1][0]  # the closing sample: a held-out prompt, never traffic
         t0 = time.monotonic()
         after = _measure(server.url, target, cfg, say, "after adapting")
         timings["eval_after_s"] = round(time.monotonic() - t0, 1)
         info = client._request("GET", "/specopd/drafter").json()
         chat = client._request("POST", "/v1/chat/completions", json={
             "model": "default", "max_tokens": 64, "temperature": 0, "return_meta_info": True,
-            "messages": records[1]["messages"]}).json()["choices"][0]
+            "messages": sample["messages"],
+            "custom_params": {"specopd_spool": False}}).json()["choices"][0]
         saved = None
         if adapted["pushes"] and info.get("version") == adapted["deployed_version"]:
             saved = adapter.deployed.save_pretrained(work / "drafter-adapted", overwrite=True)
@@ -159,6 +161,18 @@ def _measure(url: str, target: Path, cfg: MainJobConfig, say, when: str) -> Dict
     old = evaluate_acceptance(url, str(target), list(cfg.old_domains), temperature=0.0, limit=cfg.eval_old,
                               max_new_tokens=cfg.eval_max_new_tokens, progress=False)
     return {"new": new, "old": old}
+
+
+def _template_header(target: Path) -> Tuple[int, ...]:
+    """The target's chat-template header (the adapter's slices are keyed after it); () when it cannot be read."""
+    try:
+        from transformers import AutoTokenizer
+
+        from specopd_trainer.adapt.slices import template_header
+
+        return tuple(template_header(AutoTokenizer.from_pretrained(str(target))))
+    except Exception:  # the adapter then takes the first page's majority prefix
+        return ()
 
 
 def domains_of(result: Dict[str, Any]) -> Sequence[str]:

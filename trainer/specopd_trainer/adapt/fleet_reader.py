@@ -6,7 +6,7 @@
 left it) and the shared counters. One :meth:`read` reads one page of every worker and returns their valid items
 merged oldest first (by the time each request finished), each naming its ``worker``. Item keys stay
 ``<spool_id>:<seq>``: spool ids are random per server start, so keys never collide between workers, and the
-held-out slice (spool ``seq`` divisible by ``holdout_every``) is decided per worker as for one server.
+held-out share (by a hash of the prompt) is the same on every worker: a prompt held out on one is held out on all.
 
 A worker that does not answer (connection refused, timeout, 5xx after the client's retries) is skipped for this
 read (``counts.unavailable``) and its cursor stays: what its spool holds is read once it answers again. A worker

@@ -39,6 +39,8 @@ class AdaptState:
     evaluations: int = 0
     verdicts: List[Dict[str, Any]] = field(default_factory=list)
     timings_s: Dict[str, float] = field(default_factory=dict)  # ingest / train / judge / wait seconds, resumes included
+    slice_header: Optional[List[int]] = None  # the header slices are keyed after (frozen at the first page read)
+    slice_seen: Dict[str, int] = field(default_factory=dict)  # slice key -> requests seen (adapt.slices)
 
     def time(self, what: str, seconds: float) -> None:
         self.timings_s[what] = round(self.timings_s.get(what, 0.0) + seconds, 3)
