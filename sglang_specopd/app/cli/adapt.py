@@ -26,7 +26,7 @@ from sglang_specopd.app.train.options import (SERVER_NAMES, _config, _guarded, _
 
 _SESSION = (*SERVER_NAMES, "admin_key", "api_key", "init", "target", "device", "dtype", "run_dir", "set_",
             "summary_json", "progress")
-_HIDDEN = ("algorithm_options",)
+_HIDDEN = ("algorithm_options", "slice_header")  # slice_header: token ids, set by `specopd main` or found in the traffic
 
 
 def _parse_sets(items: List[str]) -> Dict[str, Any]:
