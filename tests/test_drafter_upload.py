@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_specopd.server import drafter_upload
+from sglang_specopd.server.drafter import upload as drafter_upload
 from sglang_specopd.server.drafter.upload import UPLOAD_PREFIX, decode_upload, drafter_limit, is_upload, receive
 from sglang_specopd.server.http.body import BodyError
 from sglang_specopd.wire.protocol import decode_tensors, swap_payload

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from sglang_specopd.app.fleet.control import check_no_live_fleet, cli_argv, stop_fleet
-from sglang_specopd.app.fleet.plan import (FleetError, FleetOptions, RouterSpec, cpu_list, pinned_argv, plan_cores,
-                                           plan_gpus, router_argv, tp_args, visible_gpus, worker_ports)
+from sglang_specopd.app.fleet.plan import (FleetError, FleetOptions, RouterSpec, plan_cores, plan_gpus, router_argv,
+                                           tp_args, visible_gpus, worker_ports)
+from sglang_specopd.app.launch.pinning import cpu_list, pinned_argv
 from sglang_specopd.app.fleet.state import (FleetState, ProcessRecord, is_alive, read_state, start_ticks,
                                             state_path, write_state)
 from sglang_specopd.app.launch.pinning import cpu_list, pinned_argv

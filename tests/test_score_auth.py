@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from sglang_specopd.server import score_auth
+from sglang_specopd.server.scoring import auth as score_auth
 from sglang_specopd.server.scoring.admission import prepare
 from sglang_specopd.server.scoring.auth import ScoreAuthError, checker, decide
 from sglang_specopd.server.scoring.cost import ScoreSettings, TargetDims
@@ -99,7 +99,9 @@ def test_traffic_features_and_admin_routes_are_admin_force(monkeypatch) -> None:
     the normal one (its privileged parts are checked in the route)."""
     from sglang.srt.utils.auth import AuthLevel, auth_level
 
-    from sglang_specopd.server import compat, http_guard, routes, rollout_routes
+    from sglang_specopd.server import compat, routes
+    from sglang_specopd.server.drafter import rollout_routes
+    from sglang_specopd.server.http import guard as http_guard
     from sglang_specopd.wire.traffic import TRAFFIC_FEATURES_PATH
 
     class App:

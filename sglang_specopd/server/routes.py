@@ -154,7 +154,7 @@ def add_routes(*args, **kwargs):
     connections (:mod:`sglang_specopd.server.http.guard`)."""
     from sglang_specopd.server.http import guard as http_guard
 
-    from sglang_specopd.server import score_auth
+    from sglang_specopd.server.scoring import auth as score_auth
 
     app = compat.get("http_server.app")
     http_guard.install(app)
