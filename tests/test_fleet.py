@@ -119,7 +119,7 @@ def test_tp_size_is_passed_to_every_worker_and_checked() -> None:
 def test_fleet_plan_gives_each_worker_its_gpus_and_tp_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Fleet.prepare (nothing started): each worker's LaunchSpec carries its CUDA_VISIBLE_DEVICES and --tp-size;
     --gpus-per-worker defaults to --tp-size."""
-    from sglang_specopd.app import serve
+    from sglang_specopd.app.serve import spec as serve
     from sglang_specopd.app.fleet.supervisor import Fleet
     from sglang_specopd.app.launch.process import LaunchSpec, free_port
 
