@@ -30,7 +30,8 @@ from sglang_specopd.server.compat_check import (
 
 REPO = Path(__file__).resolve().parents[1]
 SERVER = REPO / "sglang_specopd" / "server"
-PLUGIN_FILES = sorted(SERVER.glob("*.py")) + sorted((SERVER / "cpu").glob("*.py"))
+PLUGIN_FILES = (sorted(SERVER.glob("*.py")) + sorted((SERVER / "cpu").glob("*.py"))
+                + sorted((SERVER / "metrics").glob("*.py")))
 ACCESSORS = {"get", "target", "hook", "patch", "owner", "symbol"}
 
 

@@ -212,7 +212,9 @@ SYMBOLS: Tuple[Symbol, ...] = (
        used_by=("control", "scoring", "hot_swap", "score_queue", "target_identity"),
        attrs=("_request_dispatcher", "tp_worker", "draft_worker", "server_args", "flush_cache", "_engine_paused")),
     _s("Scheduler.init_request_dispatcher", _SCHED, "Scheduler.init_request_dispatcher", AFTER, ("self",),
-       used_by=("control", "score_queue", "scoring")),
+       used_by=("control", "score_queue", "scoring", "metrics.hooks")),
+    # --- Prometheus metrics (metrics/hooks.py): recorded by attention-TP rank 0, as SGLang's scheduler metrics ---
+    _s("get_parallel", "sglang.srt.runtime_context", "get_parallel", R, used_by="metrics.hooks"),
     # --- budgeted tree scoring (score_queue.py): pieces once per scheduler iteration, replies sent later ---
     _s("Scheduler.ingest_requests", _SCHED, "Scheduler.ingest_requests", AFTER, ("self",), used_by="score_queue"),
     _s("Scheduler.maybe_sleep_on_idle", _SCHED, "Scheduler.maybe_sleep_on_idle", AROUND, ("self",),

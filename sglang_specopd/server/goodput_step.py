@@ -20,6 +20,7 @@ import time
 from typing import Optional
 
 from sglang_specopd.server.goodput import GoodputPolicy
+from sglang_specopd.server import metrics
 from sglang_specopd.server.goodput_verify import DraftView, StepState, TargetView, _sync
 from sglang_specopd.server.traces import record_verify_k
 from sglang_specopd.wire.policy import POLICY_ENV, PolicySettings, PolicyStats, StepBreakdown
@@ -138,6 +139,7 @@ class GoodputController:
                 self.policy.observe(step.ests, step.k, step.accept_len.tolist())
         if self.settings.policy == "goodput":
             record_verify_k(step.batch.reqs, step.k)
+            metrics.record_policy_k(step.k)
         self.k_hist[step.k] += 1
         self.reasons[step.reason] = self.reasons.get(step.reason, 0) + 1
         s = self.sums
