@@ -66,8 +66,15 @@ def test_policy_drafter_ops_spool_and_version(registry) -> None:
     assert value(registry, "specopd:drafter_ops_total", op="commit", outcome="refused") == 1
     assert value(registry, "specopd:drafter_ops_total", op="abort", outcome="error") == 1
     assert value(registry, "specopd:drafter_ops_total", op="drafter_info", outcome="ok") is None  # not a drafter op
+    recorder.record_control_op("commit_drafter", 200, json.dumps({"version": "v3", "previous_version": "v2"}).encode())
+    assert [value(registry, "specopd:drafter_info", version=v) for v in ("initial", "v2", "v3")] == [0, 0, 1]
+    assert value(registry, "specopd:drafter_ops_total", op="commit", outcome="ok") == 1
     recorder.set_spool_bytes(1234)
     assert value(registry, "specopd:traffic_spool_bytes") == 1234
+    recorder.record_control_op("traffic", 200, b"{}", b'{"action": "read", "after": 0}')
+    assert value(registry, "specopd:traffic_spool_bytes") == 1234
+    recorder.record_control_op("traffic", 200, b"{}", b'{"action": "purge"}')
+    assert value(registry, "specopd:traffic_spool_bytes") == 0
 
 
 def test_score_trees_requests_refusals_wait_and_depth(registry) -> None:

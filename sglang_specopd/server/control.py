@@ -73,7 +73,7 @@ def op(name: str):
 def handle_control(scheduler, req: SpecOPDControlReq) -> SpecOPDControlOutput:
     """:func:`_handle_control`, its outcome counted (drafter ops: :mod:`sglang_specopd.server.metrics`)."""
     out = _handle_control(scheduler, req)
-    metrics.record_control_op(req.op, out.status)
+    metrics.record_control_op(req.op, out.status, out.payload, req.payload)
     return out
 
 

@@ -38,7 +38,6 @@ from typing import Dict, Tuple
 import torch
 
 from sglang_specopd.server import drafter_txn
-from sglang_specopd.server import metrics
 from sglang_specopd.server.control import op
 
 _STATE = {"version": "initial", "swaps": 0, "spec": None, "target": None}
@@ -262,7 +261,6 @@ def install(scheduler, worker, tensors: Dict[str, torch.Tensor], version: str) -
     apply_swap(worker, tensors)
     previous = _STATE["version"]
     _STATE["version"], _STATE["swaps"] = version, _STATE["swaps"] + 1
-    metrics.set_drafter_version(version)
     # The radix cache keeps the draft KV (context projections) the previous drafter computed for cached prefixes;
     # new requests would reuse it. Drop it when nothing is running (SGLang refuses to flush a busy scheduler).
     flushed = bool(scheduler.flush_cache()) if hasattr(scheduler, "flush_cache") else False

@@ -40,7 +40,6 @@ import time
 import uuid
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from sglang_specopd.server import metrics
 from sglang_specopd.wire.traffic import (DEFAULT_ITEMS_PER_READ, MAX_ITEMS_PER_READ, MAX_REPLY_BYTES, budget_env,
                                          budget_from_env)
 
@@ -251,8 +250,6 @@ def record_finished(reqs: Sequence[Any]) -> int:
         features = store_finished(req, sp.last_seq + 1, len(ids))  # kept under the seq add() assigns next
         sp.add(ids, len(prompt), trace, features=features)
         n += 1
-    if n:
-        metrics.set_spool_bytes(sp.bytes)
     return n
 
 
@@ -292,7 +289,6 @@ def traffic_op(scheduler, payload: bytes):
         from sglang_specopd.server.traffic_features import ring
 
         n = sp.purge()
-        metrics.set_spool_bytes(sp.bytes)
         if ring() is not None:
             ring().clear()
         return 200, "ok", _compact({"purged": n, "stats": sp.stats()})

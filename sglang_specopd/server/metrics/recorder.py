@@ -15,6 +15,7 @@ off and never raises (a metrics failure is logged once and recording stops: serv
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any, Dict, Optional, Sequence, Union
 
@@ -133,12 +134,22 @@ DRAFTER_OPS = {"swap_drafter": "swap", "stage_drafter": "stage", "commit_drafter
 
 
 @_safe
-def record_control_op(op_name: str, status: int) -> None:
-    """A scheduler op answered ``status``: counted when it is a drafter op (:data:`DRAFTER_OPS`)."""
+def record_control_op(op_name: str, status: int, payload: bytes = b"", request: bytes = b"") -> None:
+    """A scheduler op (``request``: its payload) answered ``status`` and ``payload``: counted when it is a drafter
+    op (:data:`DRAFTER_OPS`); a swap or commit that succeeded names the now serving version in its JSON reply
+    (``hot_swap.install``); a traffic purge empties the spool."""
+    if op_name == "traffic" and status == 200 and b'"purge"' in (request or b""):
+        if json.loads(request).get("action") == "purge":
+            set_spool_bytes(0)
     op = DRAFTER_OPS.get(op_name)
-    if op is not None:
-        outcome = "ok" if status < 400 else "refused" if status < 500 else "error"
-        _child("drafter_ops", op=op, outcome=outcome).inc()
+    if op is None:
+        return
+    outcome = "ok" if status < 400 else "refused" if status < 500 else "error"
+    _child("drafter_ops", op=op, outcome=outcome).inc()
+    if op in ("swap", "commit") and status == 200 and payload:
+        version = json.loads(payload).get("version")
+        if version is not None:
+            set_drafter_version(version)
 
 
 @_safe
