@@ -521,16 +521,17 @@ TINY_BODY_IDLE_S = 3.0
 def tiny_admin_server(request, shared_servers_guard, tiny_serving_target: Path, tiny_drafter: Path,
                       tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """A SPECOPD fp32 server (tiny target + block-4 drafter) with :data:`TINY_ADMIN_KEY`, a score_trees prefix
-    cache, a :data:`TINY_MAX_PAYLOAD`-byte payload limit and a :data:`TINY_ADMIN_SPOOL_MB` traffic spool
-    (score_trees budget off); shared (``tests/_servers.py``) by the modules that swap drafters, train against it,
-    fuzz it, read its traffic or take the unbudgeted score_trees replies from it; a request body stalled for
-    :data:`TINY_BODY_IDLE_S` gets 408. ``extra["initial_info"]``: ``GET /specopd/drafter/admin`` right after start
-    (version ``"initial"``, 0 swaps, the drafter's path)."""
+    cache, a :data:`TINY_MAX_PAYLOAD`-byte payload limit, a :data:`TINY_ADMIN_SPOOL_MB` traffic spool and SGLang's
+    ``--enable-metrics`` (score_trees budget off); shared (``tests/_servers.py``) by the modules that swap drafters,
+    train against it, fuzz it, read its traffic or take the unbudgeted score_trees replies from it; a request body
+    stalled for :data:`TINY_BODY_IDLE_S` gets 408. ``extra["initial_info"]``: ``GET /specopd/drafter/admin`` right
+    after start (version ``"initial"``, 0 swaps, the drafter's path)."""
     from sglang_specopd.app.launch.process import free_port
 
     def start(stack: contextlib.ExitStack) -> RunningServer:
         spec = replace(tiny_launch_spec(tiny_serving_target, free_port(), tiny_drafter), admin_api_key=TINY_ADMIN_KEY,
-                       prefix_cache_mb=TINY_ADMIN_PREFIX_CACHE_MB, traffic_spool_mb=TINY_ADMIN_SPOOL_MB)
+                       prefix_cache_mb=TINY_ADMIN_PREFIX_CACHE_MB, traffic_spool_mb=TINY_ADMIN_SPOOL_MB,
+                       extra_args=["--enable-metrics"])  # SGLang's /metrics with the plugin's series (docs/metrics.md)
         with _env_var(TINY_MAX_PAYLOAD_ENV, str(TINY_MAX_PAYLOAD)), _env_var(TINY_BODY_IDLE_ENV, str(TINY_BODY_IDLE_S)):
             # both read by the HTTP process: set at launch
             return start_specopd(stack, spec, tmp_path_factory.mktemp("logs"), "tiny-admin")

@@ -23,6 +23,7 @@ import traceback
 from typing import Callable, Dict
 
 from sglang_specopd.server import compat
+from sglang_specopd.server import metrics
 
 BaseReq = compat.get("BaseReq")  # SGLang's msgspec IPC struct base
 
@@ -69,6 +70,13 @@ def op(name: str):
 
 
 def handle_control(scheduler, req: SpecOPDControlReq) -> SpecOPDControlOutput:
+    """:func:`_handle_control`, its outcome counted (drafter ops: :mod:`sglang_specopd.server.metrics`)."""
+    out = _handle_control(scheduler, req)
+    metrics.record_control_op(req.op, out.status, out.payload, req.payload)
+    return out
+
+
+def _handle_control(scheduler, req: SpecOPDControlReq) -> SpecOPDControlOutput:
     """Run one op in the scheduler: ValueError -> 400, an exception with a ``control_status``
     (:class:`~sglang_specopd.server.drafter.txn.TxnConflict`: 409) that status (the reason as message), any other
     exception a 500 reply, never a dead scheduler."""

@@ -66,6 +66,10 @@ def register() -> None:
     from sglang_specopd.server.goodput.control import register_policy_routes
 
     register_policy_routes()  # GET / POST /specopd/policy (the speculative policy) and the op behind them
+    from sglang_specopd.server.drafter.swap import current_version
+    from sglang_specopd.server.metrics.hooks import register_metrics
+
+    register_metrics(current_version)  # Prometheus series on SGLang's /metrics (--enable-metrics; docs/metrics.md)
     from sglang_specopd.server.streamer import get_output_streamer_class
 
     compat.hook("Scheduler.get_output_streamer_class", get_output_streamer_class)

@@ -39,9 +39,10 @@ from sglang_specopd.wire.traffic import TRAFFIC_FEATURES_PATH, TRAFFIC_PATH, TRA
 
 async def score_trees(request: Request):
     """Tree scoring (:mod:`sglang_specopd.server.scoring.admission`: 413 / 429 / 400 checks, then the scheduler)."""
-    from sglang_specopd.server.scoring.admission import score_trees_route
+    from sglang_specopd.server.metrics.hooks import observe_score_trees
+    from sglang_specopd.server.scoring.admission import line, score_trees_route
 
-    return await score_trees_route(request)
+    return await observe_score_trees(score_trees_route, request, line)  # counted when --enable-metrics
 
 
 async def swap_drafter(request: Request):
@@ -160,6 +161,9 @@ def add_routes(*args, **kwargs):
     http_guard.install(app)
     server_args = args[0] if args else kwargs.get("server_args")
     score_auth.configure(server_args)
+    from sglang_specopd.server.metrics.hooks import configure_http
+
+    configure_http(server_args)  # the score_trees series (docs/metrics.md), with SGLang's --enable-metrics
     from sglang_specopd.server.drafter.upload import drafter_limit
 
     drafter_limit()  # a bad SPECOPD_DRAFTER_MAX_PAYLOAD_MB (drafter_max_payload_mb) stops the start with the reason

@@ -25,7 +25,7 @@ from sglang_specopd.app.train.options import (SERVER_NAMES, _config, _guarded, _
                                                resolve_device_dtype, server_parameters)
 
 _SESSION = (*SERVER_NAMES, "admin_key", "api_key", "init", "target", "device", "dtype", "run_dir", "set_",
-            "summary_json", "progress")
+            "summary_json", "progress", "metrics_port")
 _HIDDEN = ("algorithm_options", "slice_header")  # slice_header: token ids, set by `specopd main` or found in the traffic
 
 
@@ -77,14 +77,17 @@ def _session_parameters() -> List[inspect.Parameter]:
                                              "(repeatable), e.g. --set seqs_per_step=8.")),
             ("summary_json", Optional[Path], typer.Option(None, "--summary-json", help="Write the run's summary "
                                                           "there as JSON when it stops.")),
-            ("progress", bool, typer.Option(True, "--progress/--no-progress", help="The progress line."))]
+            ("progress", bool, typer.Option(True, "--progress/--no-progress", help="The progress line.")),
+            ("metrics_port", Optional[int], typer.Option(None, "--metrics-port", help="Serve the adapter's "
+                                                         "Prometheus metrics on this port (docs/metrics.md)."))]
     return server_parameters() + [inspect.Parameter(n, kw, annotation=t, default=o) for n, t, o in opts]
 
 
 def run_adapt(*, server: Optional[str], admin_key: Optional[str], api_key: Optional[str], init: Optional[Path],
               target: Optional[str], run_dir: Path, set_: List[str], summary_json: Optional[Path], progress: bool,
               workers: Optional[str] = None, router: Optional[str] = None, fleet_run_dir: Optional[Path] = None,
-              device: Optional[str] = None, dtype: Optional[str] = None, **fields) -> Dict[str, Any]:
+              device: Optional[str] = None, dtype: Optional[str] = None, metrics_port: Optional[int] = None,
+              **fields) -> Dict[str, Any]:
     """The body of ``specopd adapt``; returns the run's summary. Raises :class:`_TrainFail` on bad options, a server
     without a spool or admin key, a drafter the server would refuse, or a fleet whose workers serve different
     targets or drafters (``--workers`` / ``--fleet-run-dir``: :mod:`sglang_specopd.app.train.fleet_session`)."""
@@ -113,6 +116,11 @@ def run_adapt(*, server: Optional[str], admin_key: Optional[str], api_key: Optio
         if isinstance(exc, ValidationError):
             raise _TrainFail(f"bad --set for {cfg.algorithm}: {exc.errors()[0].get('msg')}") from None
         raise
+    if metrics_port:  # the adapter's own /metrics (sglang_specopd.app.adapt_metrics)
+        from sglang_specopd.app.adapt_metrics import model_name_of, serve_adapt_metrics
+
+        serve_adapt_metrics(adapter, metrics_port, model_name_of(sess))
+        say(f"adapter metrics on http://0.0.0.0:{metrics_port}/metrics")
     say(f"adapting {drafter.drafter_arch.name} drafter {sess.init} with {cfg.algorithm} on the traffic of "
         f"{sess.where}: every {cfg.holdout_every}th request held out; run dir {run_dir}")
     result = adapter.run()

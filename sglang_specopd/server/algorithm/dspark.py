@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 
 from sglang_specopd.server import compat
+from sglang_specopd.server import metrics
 from sglang_specopd.server.algorithm.specopd import make_spec_class
 
 logger = logging.getLogger("sglang_specopd.server.algorithm.dspark")
@@ -72,6 +73,8 @@ def record_dspark_step(reqs, bs: int, prefix_lens, draft_tokens, correct_len, *,
         return
     version = current_version()  # swaps run between batches: the version whose weights drafted this block
     record_versions(reqs, version)
+    if metrics.enabled():  # Prometheus counters (docs/metrics.md)
+        metrics.record_verify(correct_len[: len(reqs)].tolist(), [len(p) for p in draft_tokens[: len(reqs)].tolist()])
     if keep_all or any(wants_trace(r) for r in reqs):
         record_verify_step(reqs, prefix_lens[: len(reqs)].tolist(), draft_tokens[: len(reqs)].tolist(),
                            correct_len[: len(reqs)].tolist(), version, keep_all=keep_all)

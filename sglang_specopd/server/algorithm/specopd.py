@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 
 from sglang_specopd.server import compat
+from sglang_specopd.server import metrics
 
 logger = logging.getLogger("sglang_specopd.server.algorithm.specopd")
 
@@ -157,6 +158,9 @@ def _make_worker_class():
             if reqs and (step is None or step.k > 0):  # a step that verified no draft proposed nothing
                 version = current_version()  # swaps run between batches: the version whose weights drafted this block
                 record_versions(reqs, version)
+                if metrics.enabled():  # Prometheus counters (docs/metrics.md); no device sync when off
+                    metrics.record_verify(out[0][: len(reqs)].tolist(), step.k if step is not None and step.narrow
+                                          else int(self.block_size) - 1)
                 if keep_all or any(wants_trace(r) for r in reqs):
                     candidates = kwargs["candidates"]
                     record_verify_step(reqs, kwargs["prefix_lens"].tolist(), candidates[:, 1:].tolist(),

@@ -201,7 +201,9 @@ SYMBOLS: Tuple[Symbol, ...] = (
        used_by=("control", "scoring.forward", "drafter.swap", "scoring.queue", "target_identity"),
        attrs=("_request_dispatcher", "tp_worker", "draft_worker", "server_args", "flush_cache", "_engine_paused")),
     _s("Scheduler.init_request_dispatcher", _SCHED, "Scheduler.init_request_dispatcher", AFTER, ("self",),
-       used_by=("control", "scoring.queue", "scoring.forward")),
+       used_by=("control", "scoring.queue", "scoring.forward", "metrics.hooks")),
+    # --- Prometheus metrics (metrics/hooks.py): recorded by attention-TP rank 0, as SGLang's scheduler metrics ---
+    _s("get_parallel", "sglang.srt.runtime_context", "get_parallel", R, used_by="metrics.hooks"),
     # --- budgeted tree scoring (scoring/queue.py): pieces once per scheduler iteration, replies sent later ---
     _s("Scheduler.ingest_requests", _SCHED, "Scheduler.ingest_requests", AFTER, ("self",), used_by="scoring.queue"),
     _s("Scheduler.maybe_sleep_on_idle", _SCHED, "Scheduler.maybe_sleep_on_idle", AROUND, ("self",),

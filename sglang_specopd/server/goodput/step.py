@@ -19,6 +19,7 @@ import os
 import time
 from typing import Optional
 
+from sglang_specopd.server import metrics
 from sglang_specopd.server.goodput.policy import GoodputPolicy
 from sglang_specopd.server.goodput.verify import DraftView, StepState, TargetView, _sync
 from sglang_specopd.server.traces import record_verify_k
@@ -138,6 +139,7 @@ class GoodputController:
                 self.policy.observe(step.ests, step.k, step.accept_len.tolist())
         if self.settings.policy == "goodput":
             record_verify_k(step.batch.reqs, step.k)
+            metrics.record_policy_k(step.k)
         self.k_hist[step.k] += 1
         self.reasons[step.reason] = self.reasons.get(step.reason, 0) + 1
         s = self.sums
