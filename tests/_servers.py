@@ -117,7 +117,9 @@ def mark_server_tests(items: list) -> None:
 
 def group_modules(items: list) -> None:
     """Reorder ``items`` in place: the modules whose tests use the same shared server run one after another, at
-    the place of the first of them (the order is otherwise unchanged, tests keep their order in their module)."""
+    the place of the first of them (the order is otherwise unchanged, tests keep their order in their module), and
+    in each module the tests marked ``ends_module`` (they end the module's shared state: stop its fleet, reload its
+    target) run after the others, whatever order pytest-randomly drew."""
     modules: Dict[str, list] = {}
     key: Dict[str, Optional[str]] = {}
     for it in items:
@@ -130,7 +132,8 @@ def group_modules(items: list) -> None:
         if mod in order:
             continue
         order += [mod] if key[mod] is None else [m for m in modules if key[m] == key[mod] and m not in order]
-    items[:] = [it for mod in order for it in modules[mod]]
+    items[:] = [it for mod in order for it in sorted(modules[mod], key=lambda i: i.get_closest_marker("ends_module")
+                                                     is not None)]
 
 
 def xdist_groups(items: list) -> None:

@@ -79,7 +79,7 @@ def sft_then_specopd_push_hot_and_serve(server, target: Path, tmp_path: Path, *,
             pushed[version] = push_drafter(url, d, version, admin_key)
         return _push
 
-    with SpecOPDClient(url) as client:
+    with SpecOPDClient(url, admin_api_key=admin_key) as client:  # context features: the admin key
         train, holdout = prepare_sequences(client, tok, drafter.spec.target_layer_ids, tmp_path / "data",
                                            domains=DOMAINS, per_domain=PER_DOMAIN, max_new_tokens=MAX_NEW_TOKENS,
                                            concurrency=2)

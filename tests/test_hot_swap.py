@@ -256,11 +256,19 @@ REFUSED = ["target directory", "target config", "wrong shape", "missing tensor",
 
 
 @pytest.fixture(scope="module")
-def serving_scaled(shared_server: Shared, baselines) -> dict:
-    """Swap to the scaled drafter (once for all refusal cases); its probe and drafter info."""
-    swap_ok(shared_server, scaled_payload(shared_server, "scaled-refusals"))
-    return {"probe": probe(shared_server), "info": info(shared_server),
-            "cases": _refused_cases(shared_server)}
+def _scaled_state(shared_server: Shared, baselines) -> dict:
+    """The refusal cases and the last probe of the scaled drafter (filled by :func:`serving_scaled`)."""
+    return {"cases": _refused_cases(shared_server), "probe": None}
+
+
+@pytest.fixture
+def serving_scaled(shared_server: Shared, _scaled_state: dict) -> dict:
+    """The scaled drafter serving (swapped in again when another test of this module, run in between in a random
+    order, swapped something else), its probe and drafter info as each refusal test starts."""
+    if _scaled_state["probe"] is None or info(shared_server)["version"] != "scaled-refusals":
+        swap_ok(shared_server, scaled_payload(shared_server, "scaled-refusals"))
+        _scaled_state["probe"] = probe(shared_server)
+    return {"probe": _scaled_state["probe"], "info": info(shared_server), "cases": _scaled_state["cases"]}
 
 
 @server

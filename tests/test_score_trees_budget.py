@@ -16,7 +16,7 @@ import json
 import random
 import threading
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import httpx
 import pytest
@@ -36,6 +36,7 @@ from sglang_specopd.server.scoring.cost import (
 )
 from sglang_specopd.server.scoring.line import LineBusy, ScoreLine
 from sglang_specopd.wire.protocol import (
+    ADMIN_KEY_HEADER,
     BINARY_CONTENT_TYPE,
     QUEUE_WAIT_HEADER,
     SCORE_TREES_PATH,
@@ -381,13 +382,16 @@ def _exactness_requests(vocab: int) -> Dict[str, ScoreTreesRequest]:
     }
 
 
-def _post(url: str, req: ScoreTreesRequest, timeout: float = 300.0) -> httpx.Response:
+def _post(url: str, req: ScoreTreesRequest, timeout: float = 300.0, admin_key: Optional[str] = None) -> httpx.Response:
+    """POST ``req`` in the binary codec; ``admin_key`` for a server that has one (hidden states / features need it;
+    the budget server has no key at all, so it serves them to anyone)."""
+    key = {ADMIN_KEY_HEADER: admin_key} if admin_key else {}
     return httpx.post(url + SCORE_TREES_PATH, content=request_to_binary(req),
-                      headers={"Content-Type": BINARY_CONTENT_TYPE}, timeout=timeout)
+                      headers={"Content-Type": BINARY_CONTENT_TYPE, **key}, timeout=timeout)
 
 
-def _score(url: str, req: ScoreTreesRequest):
-    r = _post(url, req)
+def _score(url: str, req: ScoreTreesRequest, admin_key: Optional[str] = None):
+    r = _post(url, req, admin_key=admin_key)
     assert r.status_code == 200, (r.status_code, r.text[:500])
     return decode_tensors(r.content)
 
@@ -405,8 +409,10 @@ def unbudgeted_replies(tiny_admin_server, tiny_serving_target):
     (same target and drafter, budget off, a prefix cache, emptied when this module starts)."""
     assert tiny_admin_server.spec.score_budget_tokens == 0 and tiny_admin_server.spec.prefix_cache_mb > 0
     vocab = json.loads((tiny_serving_target / "config.json").read_text())["vocab_size"]
+    from conftest import TINY_ADMIN_KEY
+
     reqs = _exactness_requests(vocab)
-    return reqs, {name: _score(tiny_admin_server.url, r) for name, r in reqs.items()}
+    return reqs, {name: _score(tiny_admin_server.url, r, TINY_ADMIN_KEY) for name, r in reqs.items()}
 
 
 @pytest.fixture(scope="module")

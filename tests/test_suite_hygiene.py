@@ -32,3 +32,26 @@ def test_no_test_module_imports_another_test_module() -> None:
 def test_the_rule_catches_both_import_forms() -> None:
     text = "import os\nfrom test_x import y\n    import test_z\nfrom fakes.fleet import FakeWorker\n"
     assert [m.group(1) or m.group(2) for m in IMPORT_OF_TEST_MODULE.finditer(text)] == ["test_x", "test_z"]
+
+
+class _Item:
+    """What :func:`_servers.group_modules` reads of a pytest item: nodeid, fixture names, markers."""
+
+    def __init__(self, nodeid: str, fixtures=(), ends=False):
+        self.nodeid, self.fixturenames, self._ends = nodeid, list(fixtures), ends
+
+    def get_closest_marker(self, name: str):
+        return object() if name == "ends_module" and self._ends else None
+
+
+def test_tests_that_end_a_module_run_last_in_it_and_shared_server_modules_stay_together() -> None:
+    from _servers import group_modules
+
+    items = [_Item("tests/test_a.py::stop", ends=True), _Item("tests/test_b.py::x"),
+             _Item("tests/test_a.py::one"), _Item("tests/test_c.py::y", ["tiny_admin_server"]),
+             _Item("tests/test_a.py::two"), _Item("tests/test_d.py::z", ["tiny_admin_server"]),
+             _Item("tests/test_c.py::w", ["tiny_admin_server"])]
+    group_modules(items)
+    assert [i.nodeid for i in items] == [
+        "tests/test_a.py::one", "tests/test_a.py::two", "tests/test_a.py::stop", "tests/test_b.py::x",
+        "tests/test_c.py::y", "tests/test_c.py::w", "tests/test_d.py::z"]

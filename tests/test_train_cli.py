@@ -51,7 +51,7 @@ def torchrun_train(args: list) -> "subprocess.CompletedProcess[str]":
 
     env = {k: v for k, v in os.environ.items() if k not in ("SPECOPD_ADMIN_KEY", "SPECOPD_API_KEY")}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "-m", "sglang_specopd.app.cli.entry", "train", *args], env={**env, "OMP_NUM_THREADS": "1"},
+                           "-m", "sglang_specopd.app.cli", "train", *args], env={**env, "OMP_NUM_THREADS": "1"},
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2 rank(s)" in proc.stderr and "Traceback" not in proc.stderr

@@ -27,7 +27,8 @@ from typing import Callable, Dict
 
 from hypothesis import strategies as st
 
-from sglang_specopd.wire.protocol import BINARY_CONTENT_TYPE, PREFIX_CACHE_PATH, SCORE_TREES_PATH, SWAP_DRAFTER_PATH
+from sglang_specopd.wire.protocol import (ADMIN_KEY_HEADER, BINARY_CONTENT_TYPE, PREFIX_CACHE_PATH, SCORE_TREES_PATH,
+                                         SWAP_DRAFTER_PATH)
 from sglang_specopd.wire.traffic import TRAFFIC_PATH
 
 ADMIN_KEY = "fuzz-admin"  # the same key as fuzz_routes.strategies (the test server's admin key)
@@ -51,6 +52,8 @@ def _case(path, headers, body, kind, method="POST", **meta):
     from fuzz_routes.strategies import Case  # the dataclass lives there (one definition, imported by the runner)
 
     route = "swap" if path == SWAP_DRAFTER_PATH else "score_trees" if path == SCORE_TREES_PATH else "control"
+    if route == "score_trees":  # with the admin key: the crafted body, not the hidden/features check, is under test
+        headers = {**headers, ADMIN_KEY_HEADER: ADMIN_KEY}
     return Case(method, path, dict(headers), body, {"route": route, "kind": kind, **meta})
 
 

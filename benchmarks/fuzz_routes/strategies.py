@@ -18,6 +18,7 @@ import torch
 from hypothesis import strategies as st
 
 from sglang_specopd.wire.protocol import (
+    ADMIN_KEY_HEADER,
     BINARY_CONTENT_TYPE,
     PREFIX_CACHE_PATH,
     SCORE_TREES_PATH,
@@ -27,6 +28,8 @@ from sglang_specopd.wire.protocol import (
 )
 
 ADMIN_KEY = "fuzz-admin"
+# score_trees with or without the admin key: hidden states and features need it (401 without), the rest not
+score_key = st.sampled_from([{}, {ADMIN_KEY_HEADER: ADMIN_KEY}])
 # share of the examples per route (generation and swaps cost the most server time per example)
 WEIGHTS = {"score_trees_json": 0.17, "score_trees_binary": 0.17, "swap": 0.17, "swap_no_key": 0.04,
            "prefix_cache": 0.08, "generate": 0.22, "crafted": 0.15}
@@ -100,8 +103,8 @@ def score_trees_json(t: Target):
                      request.map(json.dumps).flatmap(lambda s: st.integers(0, len(s)).map(lambda n: s[:n])))
     body = st.one_of(text.map(str.encode), st.binary(max_size=200))
     ctype = st.sampled_from(["application/json", "application/json", "text/plain", ""])
-    return st.builds(lambda b, c: Case("POST", SCORE_TREES_PATH, {"Content-Type": c} if c else {}, b,
-                                       {"route": "score_trees"}), body, ctype)
+    return st.builds(lambda b, c, k: Case("POST", SCORE_TREES_PATH, {**({"Content-Type": c} if c else {}), **k}, b,
+                                          {"route": "score_trees"}), body, ctype, score_key)
 
 
 @st.composite
@@ -164,8 +167,8 @@ def score_trees_binary(t: Target):
         ("node_anchor", [0, 0]))}, {"num_references": 1, "block_size": 4})
     body = st.one_of(st.builds(lambda ts, h: _safetensors(dict(ts), h), tensors, header), _mutate(valid),
                      st.just(valid), st.binary(max_size=300))
-    return st.builds(lambda b: Case("POST", SCORE_TREES_PATH, {"Content-Type": BINARY_CONTENT_TYPE}, b,
-                                    {"route": "score_trees"}), body)
+    return st.builds(lambda b, k: Case("POST", SCORE_TREES_PATH, {"Content-Type": BINARY_CONTENT_TYPE, **k}, b,
+                                       {"route": "score_trees"}), body, score_key)
 
 
 def _safetensors(tensors: dict, header) -> bytes:
