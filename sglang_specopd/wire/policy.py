@@ -37,6 +37,7 @@ class PolicySettings(BaseModel):
         prior_weight: pseudo-observations of the server-wide estimate in each request's estimate.
         request_half_life: verify observations after which a request's old observations weigh half.
         global_half_life: the same for the server-wide estimate.
+        class_half_life: the same for a request class's estimate (greedy / sampled; server/goodput.py).
         cost_half_life: measurements after which an old step-time measurement weighs half.
     """
 
@@ -51,6 +52,7 @@ class PolicySettings(BaseModel):
     prior_weight: float = Field(default=4.0, gt=0.0)
     request_half_life: float = Field(default=16.0, gt=0.0)
     global_half_life: float = Field(default=512.0, gt=0.0)
+    class_half_life: float = Field(default=64.0, gt=0.0)
     cost_half_life: float = Field(default=16.0, gt=0.0)
 
     @field_validator("cost_curve_ms")
@@ -92,7 +94,8 @@ class PolicyStats(BaseModel):
     {batch-size bucket: ms per k (None: not measured)}, ``cost_curve_fit_ms`` the curve the policy uses (made
     non-decreasing in k; None until every k of the bucket was measured); ``slot_acceptance``: the server-wide estimate of each
     slot's acceptance given the slots before it were accepted; ``unsupported``: why this worker verifies whole
-    blocks whatever the policy (None when it can apply it)."""
+    blocks whatever the policy (None when it can apply it);
+    ``class_acceptance``: the slot acceptance of each request class (``greedy``, ``sampled``) seen since the last reset."""
 
     model_config = _STRICT
 
@@ -106,6 +109,7 @@ class PolicyStats(BaseModel):
     slot_acceptance: List[float]
     breakdown: StepBreakdown
     unsupported: Optional[str] = None
+    class_acceptance: Dict[str, List[float]] = {}
 
 
 def policy_env(policy: str) -> dict:
