@@ -71,7 +71,7 @@ class GoodputController:
         self.version = None
         self.k_hist = [0] * self.block
         self.reasons = {}
-        self.sums = {"step": 0.0, "target": 0.0, "draft": 0.0, "rows": 0.0, "steps": 0}
+        self.sums = {"step": 0.0, "target": 0.0, "draft": 0.0, "rows": 0.0, "steps": 0, "plain": 0, "caught": 0}
         self._last_end = None  # perf_counter at the end of the previous decode step (None after a prefill)
 
     @property
@@ -145,6 +145,8 @@ class GoodputController:
         self.reasons[step.reason] = self.reasons.get(step.reason, 0) + 1
         s = self.sums
         s["steps"] += 1
+        s["plain"] += int(step.plain)
+        s["caught"] += step.caught
         s["step"] += seconds
         s["target"] += step.target_s
         s["draft"] += step.draft_s
@@ -162,7 +164,8 @@ class GoodputController:
                            k_histogram={k: c for k, c in enumerate(self.k_hist)}, reasons=dict(self.reasons),
                            cost_curve_ms=self.policy.costs.table_ms(), cost_curve_fit_ms=self.policy.costs.fit_ms(),
                            slot_acceptance=self.policy.prior(), class_acceptance=self.policy.class_acceptance(),
-                           breakdown=breakdown, unsupported=self.unsupported)
+                           breakdown=breakdown, unsupported=self.unsupported, plain_steps=s["plain"],
+                           context_catch_up=s["caught"])
 
 
 def controller_for(worker) -> GoodputController:
