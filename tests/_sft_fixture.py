@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang_specopd.wire.drafter_format import DrafterSpec
+from sglang_specopd.wire.drafters.format import DrafterSpec
 
 
 TINY = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
@@ -17,11 +17,11 @@ def tiny_spec(arch: str = "dflash") -> DrafterSpec:
     """The tiny drafter's spec for a registered architecture (V2: groups of 8 channels, rank 4, top-8; DSpark:
     Markov rank 4, the rnn head, so a slot depends on every earlier drafted token)."""
     if arch == "dflash2":
-        from sglang_specopd.wire.drafter_dflash2 import DFlash2Spec
+        from sglang_specopd.wire.drafters.dflash2 import DFlash2Spec
 
         return DFlash2Spec(**TINY, conv_group_size=8, selector_rank=4, selector_top_k=8)
     if arch == "dspark":
-        from sglang_specopd.wire.drafter_dspark import DSparkSpec
+        from sglang_specopd.wire.drafters.dspark import DSparkSpec
 
         return DSparkSpec(**TINY, markov_rank=4, markov_head_type="rnn")
     return DrafterSpec(**TINY)

@@ -1,6 +1,6 @@
 """One rank of the 2-rank gloo test of the vocab-sharded score_trees head (tests/test_score_head.py).
 
-A module of its own so spawned ranks import only torch and :mod:`sglang_specopd.server.score_head` (not SGLang).
+A module of its own so spawned ranks import only torch and :mod:`sglang_specopd.server.scoring.head` (not SGLang).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def tp_rank(rank: int, world: int, init: str, h: torch.Tensor, head: torch.Tenso
     (rank r: padded rows r*Vl .. (r+1)*Vl, real ids up to the unpadded vocabulary); puts ``(rank, outputs)``."""
     import torch.distributed as dist
 
-    from sglang_specopd.server.score_head import VocabShard, shard_head_outputs
+    from sglang_specopd.server.scoring.head import VocabShard, shard_head_outputs
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:

@@ -61,7 +61,7 @@ def sft_then_specopd_push_hot_and_serve(server, target: Path, tmp_path: Path, *,
 
     from specopd_trainer.algorithms import registry
     from specopd_trainer.algorithms.registry import TrainContext
-    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client.http import SpecOPDClient
     from specopd_trainer.drafters.registry import drafter_class_for_checkpoint
     from specopd_trainer.pipeline import prepare_sequences, push_drafter
 

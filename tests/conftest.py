@@ -221,7 +221,7 @@ class RunningServer:
 
     url: str
     port: int
-    spec: object  # sglang_specopd.app.launch.LaunchSpec
+    spec: object  # sglang_specopd.app.launch.process.LaunchSpec
     log_path: Path
     tag: str
     time_to_healthy_s: float
@@ -276,7 +276,7 @@ def _sigterm_as_keyboard_interrupt() -> Iterator[None]:
 @contextlib.contextmanager
 def running_server(spec, log_dir: Path, name: str) -> Iterator[RunningServer]:
     """Start ``spec`` (tagged), yield a :class:`RunningServer` inside ``with SGLangServer``, tear down, check orphans."""
-    from sglang_specopd.app.launch import SGLangServer
+    from sglang_specopd.app.launch.process import SGLangServer
 
     tag = new_process_tag()
     log_path = log_dir / f"{name}.log"
@@ -343,7 +343,7 @@ def tiny_target6(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_drafter(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random 2-layer, block-4 DFlash drafter for :func:`tiny_target` (fp32)."""
-    from sglang_specopd.wire.drafter_init import init_drafter
+    from sglang_specopd.wire.drafters.init import init_drafter
 
     out = tmp_path_factory.mktemp("tiny-drafter") / "drafter"
     init_drafter(tiny_target, out, block_size=TINY_BLOCK_SIZE, num_layers=2, seed=0)
@@ -388,7 +388,7 @@ def make_accepting_target(target: Path, mask_token_id: int, out: Path, *, streng
 @pytest.fixture(scope="session")
 def tiny_serving_target(tiny_target: Path, tiny_drafter: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny target the tiny servers run: :func:`make_accepting_target` of :func:`tiny_target` (fp32)."""
-    from sglang_specopd.app.drafter_check import check_drafter
+    from sglang_specopd.app.drafters.check import check_drafter
 
     mask_id = json.loads((tiny_drafter / "config.json").read_text())["dflash_config"]["mask_token_id"]
     out = make_accepting_target(tiny_target, int(mask_id), tmp_path_factory.mktemp("tiny-serving") / "llama")
@@ -412,8 +412,8 @@ def smollm2_target() -> Path:
 @pytest.fixture(scope="session")
 def hybrid_target(smollm2_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny hybrid Gated DeltaNet target (tiny-qwen3next: Qwen3-Next architecture, SmolLM2's tokenizer, fp32,
-    seed 0; :func:`sglang_specopd.app.tiny_hybrid.build_tiny_qwen3next`)."""
-    from sglang_specopd.app.tiny_hybrid import build_tiny_qwen3next
+    seed 0; :func:`sglang_specopd.app.tiny.hybrid.build_tiny_qwen3next`)."""
+    from sglang_specopd.app.tiny.hybrid import build_tiny_qwen3next
 
     return build_tiny_qwen3next(tmp_path_factory.mktemp("hybrid") / "tiny-qwen3next", smollm2_target, seed=0)
 
@@ -421,8 +421,8 @@ def hybrid_target(smollm2_target: Path, tmp_path_factory: pytest.TempPathFactory
 @pytest.fixture(scope="session")
 def qsa_target(smollm2_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny QSA-GDN target (tiny-qwen4exp-sparse: Qwen4-Exp architecture, 3 GDN layers per QSA attention layer,
-    QSA budget 32 in blocks of 4, SmolLM2's tokenizer; :func:`sglang_specopd.app.tiny_qsa.build_tiny_qwen4exp_sparse`)."""
-    from sglang_specopd.app.tiny_qsa import build_tiny_qwen4exp_sparse
+    QSA budget 32 in blocks of 4, SmolLM2's tokenizer; :func:`sglang_specopd.app.tiny.qsa.build_tiny_qwen4exp_sparse`)."""
+    from sglang_specopd.app.tiny.qsa import build_tiny_qwen4exp_sparse
 
     return build_tiny_qwen4exp_sparse(tmp_path_factory.mktemp("qsa") / "tiny-qwen4exp-sparse", smollm2_target)
 
@@ -441,7 +441,7 @@ TINY_NEW_TOKENS = 32
 
 
 def tiny_launch_spec(target: Path, port: int, drafter: Optional[Path] = None):
-    from sglang_specopd.app.launch import LaunchSpec
+    from sglang_specopd.app.launch.process import LaunchSpec
 
     return LaunchSpec(
         model_path=str(target), port=port, device="cpu", dtype="float32", attention_backend="torch_native",
@@ -486,7 +486,7 @@ def tiny_plain_outputs(tiny_serving_target: Path, tmp_path_factory: pytest.TempP
     reference is, as it always was before, a PLAIN fp32 SGLang server's greedy output (started here, stopped on
     return). transformers here saves that server start (~40 s); plain SGLang serving is still checked: against
     transformers on the hybrid and QSA targets, against SPECOPD on SmolLM2 and in ``specopd demo``."""
-    from sglang_specopd.app.launch import free_port
+    from sglang_specopd.app.launch.process import free_port
 
     ref, gap = target_greedy(tiny_serving_target, TINY_PROMPTS, TINY_NEW_TOKENS)
     if gap >= TINY_REFERENCE_MARGIN:
@@ -521,16 +521,17 @@ TINY_BODY_IDLE_S = 3.0
 def tiny_admin_server(request, shared_servers_guard, tiny_serving_target: Path, tiny_drafter: Path,
                       tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """A SPECOPD fp32 server (tiny target + block-4 drafter) with :data:`TINY_ADMIN_KEY`, a score_trees prefix
-    cache, a :data:`TINY_MAX_PAYLOAD`-byte payload limit and a :data:`TINY_ADMIN_SPOOL_MB` traffic spool
-    (score_trees budget off); shared (``tests/_servers.py``) by the modules that swap drafters, train against it,
-    fuzz it, read its traffic or take the unbudgeted score_trees replies from it; a request body stalled for
-    :data:`TINY_BODY_IDLE_S` gets 408. ``extra["initial_info"]``: ``GET /specopd/drafter/admin`` right after start
-    (version ``"initial"``, 0 swaps, the drafter's path)."""
-    from sglang_specopd.app.launch import free_port
+    cache, a :data:`TINY_MAX_PAYLOAD`-byte payload limit, a :data:`TINY_ADMIN_SPOOL_MB` traffic spool and SGLang's
+    ``--enable-metrics`` (score_trees budget off); shared (``tests/_servers.py``) by the modules that swap drafters,
+    train against it, fuzz it, read its traffic or take the unbudgeted score_trees replies from it; a request body
+    stalled for :data:`TINY_BODY_IDLE_S` gets 408. ``extra["initial_info"]``: ``GET /specopd/drafter/admin`` right
+    after start (version ``"initial"``, 0 swaps, the drafter's path)."""
+    from sglang_specopd.app.launch.process import free_port
 
     def start(stack: contextlib.ExitStack) -> RunningServer:
         spec = replace(tiny_launch_spec(tiny_serving_target, free_port(), tiny_drafter), admin_api_key=TINY_ADMIN_KEY,
-                       prefix_cache_mb=TINY_ADMIN_PREFIX_CACHE_MB, traffic_spool_mb=TINY_ADMIN_SPOOL_MB)
+                       prefix_cache_mb=TINY_ADMIN_PREFIX_CACHE_MB, traffic_spool_mb=TINY_ADMIN_SPOOL_MB,
+                       extra_args=["--enable-metrics"])  # SGLang's /metrics with the plugin's series (docs/metrics.md)
         with _env_var(TINY_MAX_PAYLOAD_ENV, str(TINY_MAX_PAYLOAD)), _env_var(TINY_BODY_IDLE_ENV, str(TINY_BODY_IDLE_S)):
             # both read by the HTTP process: set at launch
             return start_specopd(stack, spec, tmp_path_factory.mktemp("logs"), "tiny-admin")
@@ -554,7 +555,7 @@ def _no_servers_in_quick_runs():
     if os.environ.get(NO_SERVERS_ENV, "").strip() != "1":
         yield
         return
-    from sglang_specopd.app.launch import SGLangServer
+    from sglang_specopd.app.launch.process import SGLangServer
 
     def refuse(self, timeout):  # runs right after the launch: start() stops the server and re-raises
         pytest.fail(f"{NO_SERVERS_ENV}=1 but this test started an SGLang server: mark it @pytest.mark.server "
@@ -586,7 +587,7 @@ SMOLLM2_TEST_MAX_TOTAL_TOKENS = 8192
 
 def smollm2_config(**update):
     from sglang_specopd.app.config import ServeConfig
-    from sglang_specopd.app.serve import config_path
+    from sglang_specopd.app.serve.spec import config_path
 
     cfg = ServeConfig.load(config_path(SMOLLM2_CONFIG))
     assert cfg.dtype == "float32" and cfg.device == "cpu"
@@ -596,8 +597,8 @@ def smollm2_config(**update):
 @pytest.fixture(scope="module")
 def smollm2_plain_outputs(smollm2_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Dict[str, List[int]]:
     """Greedy output ids of a PLAIN fp32 SmolLM2 server for :data:`SMOLLM2_PROMPTS` (stopped on return)."""
-    from sglang_specopd.app.launch import free_port
-    from sglang_specopd.app.serve import launch_spec
+    from sglang_specopd.app.launch.process import free_port
+    from sglang_specopd.app.serve.spec import launch_spec
 
     spec = launch_spec(smollm2_config(drafter=None, speculative_algorithm=None), port=free_port())
     assert spec.drafter_path is None and spec.dtype == "float32"
@@ -609,8 +610,8 @@ def smollm2_plain_outputs(smollm2_target: Path, tmp_path_factory: pytest.TempPat
 def smollm2_specopd_server(smollm2_plain_outputs, smollm2_target: Path,
                            tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """SPECOPD fp32 SmolLM2 server with the config's default drafter, requiring :data:`SMOLLM2_API_KEY`."""
-    from sglang_specopd.app.launch import free_port
-    from sglang_specopd.app.serve import launch_spec
+    from sglang_specopd.app.launch.process import free_port
+    from sglang_specopd.app.serve.spec import launch_spec
 
     spec = launch_spec(smollm2_config(), port=free_port(), api_key=SMOLLM2_API_KEY)
     assert spec.speculative_algorithm == "SPECOPD" and spec.drafter_path and spec.dtype == "float32"

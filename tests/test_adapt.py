@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,7 +20,13 @@ from fakes.adapt import seq_ids as _seq_ids
 
 # ---- reader ---------------------------------------------------------------------------------------------------------
 
-def test_reader_counts_and_skips_bad_items_and_holds_out_every_kth_seq():
+def _held(ids, prompt_len, k=4):
+    from specopd_trainer.adapt.slices import held_out
+
+    return held_out(ids[:prompt_len], k)
+
+
+def test_reader_counts_and_skips_bad_items_and_holds_out_by_prompt_hash():
     from specopd_trainer.adapt.reader import Cursor, ReaderCounts, TrafficReader
 
     sp = FakeSpool()
@@ -33,9 +40,9 @@ def test_reader_counts_and_skips_bad_items_and_holds_out_every_kth_seq():
     reader = TrafficReader(sp, Cursor(), counts, holdout_every=4, vocab_size=97, max_items=64)
     got = reader.read()
     assert [it.seq for it in got] == [1, 6, 7, 8]
-    assert [it.held_out for it in got] == [False, False, False, True]  # seq 8 % 4 == 0 (seq 4 was bad)
+    assert [it.held_out for it in got] == [_held(_seq_ids(s, 20), 6) for s in (1, 6, 7, 8)]  # by the prompt alone
     assert counts.bad_items == {"truncated": 1, "malformed": 1, "token_out_of_vocab": 1, "trace_out_of_range": 1}
-    assert counts.items == 4 and counts.held_out == 1 and reader.cursor.after == 8
+    assert counts.items == 4 and counts.held_out == sum(it.held_out for it in got) and reader.cursor.after == 8
     assert reader.read() == []  # the cursor moved on: nothing is read twice
     sp.add(9, _seq_ids(9, 20), 6)
     assert [it.seq for it in reader.read()] == [9]
@@ -53,6 +60,71 @@ def test_reader_counts_a_malformed_page_without_moving():
     counts = ReaderCounts()
     reader = TrafficReader(BadPage(), Cursor(spool_id="x", after=3), counts, holdout_every=2, vocab_size=97)
     assert reader.read() == [] and counts.bad_pages == 1 and reader.cursor.after == 3
+
+
+def test_no_heldout_prompt_in_any_training_buffer(tmp_path):
+    """Traffic repeats prompts (at T=0 with the same response): read through the reader into the adapter's buffers,
+    no prompt of a held-out request is ever in the training buffer, and ~1/holdout_every of the prompts are held
+    out. (Held out by request number, a repeated prompt lands on both sides: this test fails on that.)"""
+    sp = FakeSpool()
+    prompts = [_run_ids(p, 40)[:8] for p in range(40)]  # 40 distinct prompts, each sent 5 times
+    g = torch.Generator().manual_seed(0)
+    order = torch.randint(len(prompts), (200,), generator=g).tolist()
+    for seq, p in enumerate(order, start=1):
+        sp.add(seq, prompts[p] + _run_ids(1000 + seq, 40)[8:], 8)
+    ad = _adapter(sp, Pushes(sp), tmp_path / "run", holdout_every=4)
+    while ad.ingest():
+        pass
+    assert len(ad.train_buf) + len(ad.hold_buf) == 200
+    held = {tuple(s.token_ids[:s.prompt_len].tolist()) for s in ad.hold_buf.sequences}
+    trained = {tuple(s.token_ids[:s.prompt_len].tolist()) for s in ad.train_buf.sequences}
+    assert held and trained and not held & trained, "a held-out prompt is in the training buffer"
+    distinct = {tuple(p) for p in (prompts[i] for i in order)}
+    assert 0.1 <= len(held) / len(distinct) <= 0.4  # ~1/4 of the distinct prompts
+
+
+def test_slices_key_the_first_tokens_after_the_header_and_pool_the_rare_ones():
+    from specopd_trainer.adapt.slices import OTHER, SliceKeyer, majority_header
+
+    header = [1, 2, 3, 4]
+    task = header + [50, 51, 52]  # a task template: its own slice once seen 2 times
+    agent = [1, 2, 9, 9, 9]  # its own system prompt: the header ends at 2 tokens, then the agent's prompt
+    assert majority_header([header + [7], header + [8], task + [9], [5, 6]]) == header  # 3 of 4 share it
+    seen = {}
+    keyer = SliceKeyer(header, 3, 2, 8, seen)
+    assert keyer.slice_of(task + [60, 61]) == OTHER  # first time: pooled
+    first = keyer.slice_of(task + [70])
+    assert first != OTHER and keyer.slice_of(task + [80, 81, 82]) == first  # the same first 3 tokens after the header
+    assert keyer.slice_of(agent + [1]) == OTHER and keyer.slice_of(agent + [2]) not in (OTHER, first)
+    assert keyer.slice_of(header + [99, 98, 97]) == OTHER  # a one-off prompt
+    small = SliceKeyer(header, 3, 1, 1, {})  # room for one slice only
+    assert small.slice_of(task) != OTHER and small.slice_of(agent) == OTHER
+
+
+def test_held_out_slices_keep_their_size_after_a_shift(tmp_path):
+    """Per slice at most N held-out requests, the oldest of that slice dropped: 200 requests of a new slice after a
+    shift leave the old slices' held-out items in place (one FIFO window would have pushed them all out); the drops
+    survive a reopen."""
+    from dataclasses import replace
+
+    from specopd_trainer.adapt.buffer import TrafficBuffer
+
+    buf = TrafficBuffer(tmp_path / "h", 2**30, per_slice=5)
+    old = [replace(_tseq(f"o{s}:{i}"), slice=f"old{s}") for i in range(8) for s in range(2)]
+    buf.add(old)
+    assert {k: len(v) for k, v in buf.by_slice().items()} == {"old0": 5, "old1": 5}
+    assert [s.id for s in buf.by_slice()["old0"]] == [f"o0:{i}" for i in range(3, 8)]  # the newest 5 of it
+    for j in range(20):
+        buf.add([replace(_tseq(f"n:{j}:{i}"), slice="new") for i in range(10)])
+    sizes = {k: len(v) for k, v in buf.by_slice().items()}
+    assert sizes == {"old0": 5, "old1": 5, "new": 5} and buf.counts["evicted"] == 6 + 195
+    again = TrafficBuffer(tmp_path / "h", 2**30, per_slice=5)
+    assert [s.id for s in again.sequences] == [s.id for s in buf.sequences]
+    assert again.add([_tseq("o0:0")]) == 0  # a dropped request read again (a resume) stays dropped
+    tight = TrafficBuffer(tmp_path / "t", 3 * _tseq("x").nbytes, per_slice=5)  # bytes: the largest slice gives way
+    tight.add([replace(_tseq(f"a{i}"), slice="a") for i in range(2)] + [replace(_tseq("b0"), slice="b")])
+    tight.add([replace(_tseq("a9"), slice="a")])
+    assert [s.id for s in tight.sequences] == ["a1", "b0", "a9"]
 
 
 # ---- buffer ---------------------------------------------------------------------------------------------------------
@@ -173,8 +245,8 @@ def _adapter(sp, pushes, run_dir, **overrides):
     from specopd_trainer.adapt.config import AdaptConfig
     from specopd_trainer.adapt.loop import Adapter
 
-    cfg = AdaptConfig(**{"min_holdout": 6, "holdout_every": 4, "eval_every": 40, "min_train_tokens": 64,
-                         "lr": 1e-2, "warmup_steps": 2, "poll_s": 0.01, "ckpt_every": 10, "max_steps": 200, "retain": 0.0,
+    cfg = AdaptConfig(**{"min_holdout": 4, "holdout_window": 4, "holdout_every": 4, "eval_every": 40, "min_train_tokens": 64,
+                         "lr": 1e-2, "warmup_steps": 2, "poll_s": 0.01, "ckpt_every": 10, "max_steps": 200, "retain": 0.0, "rehearsal": 0.0,
                          "algorithm_options": {"seqs_per_step": 4, "anchors_per_seq": 8}, **overrides})
     return Adapter(sp, tiny_drafter(seed=0), run_dir, cfg, push=pushes, serving_version=lambda: sp.version,
                    progress=False, sleep=lambda s: None)
@@ -202,9 +274,10 @@ def test_adapter_learns_the_traffic_and_pushes_a_better_candidate(trained):
     ad, out, pushes, start = trained
     sp = ad.client
     assert out["stopped_by"] == "max_steps" and out["step"] == 200
-    assert out["holdout_items"] == 12 and out["train_items"] == 36  # every 4th of 48 held out, never trained on
+    n_held = sum(_held(_run_ids(s, 40), 8) for s in range(1, 49))  # 8 of 48 prompts by their hash
+    assert out["holdout_items"] == n_held and out["train_items"] == 48 - n_held  # held out: never trained on
     cands = [v for v in out["verdicts"] if v["kind"] == "candidate"]
-    assert len(cands) == 5 and cands[0]["requests"] == 12
+    assert len(cands) == 5 and cands[0]["requests"] == 4  # the newest 4; the older 4 judged apart
     assert out["pushes"] >= 1 and pushes.versions[0] == "adapt-run-1" and sp.version == out["deployed_version"]
     first = next(v for v in cands if v["deploy"])
     assert first["candidate_tau"] > first["deployed_tau"] and first["ci95"][0] > 0
@@ -225,7 +298,9 @@ def test_the_guard_never_deploys_a_worse_candidate(trained):
     assert pushes.versions == [] and ad.client.version == ad.state.deployed_version
 
 
-def test_rollback_when_the_deployed_drafter_measures_worse_than_the_one_before(trained):
+def test_rollback_when_the_deployed_drafter_measures_worse_than_the_one_before(trained, monkeypatch):
+    import specopd_trainer.adapt.judge as judge_mod
+
     ad, pushes = _copy(trained)
     good = copy.deepcopy(ad.deployed.state_dict())
     with torch.no_grad():  # pretend a bad drafter was deployed after the good one
@@ -236,6 +311,11 @@ def test_rollback_when_the_deployed_drafter_measures_worse_than_the_one_before(t
     ad.state.deployed.append({"version": "bad", "step": 200, "t_s": 0.0, "why": "test"})
     ad.drafter.load_state_dict(ad.deployed.state_dict())  # the candidate is no better than the deployed one
     ad._dep_cache.clear()
+    ad.cfg = ad.cfg.model_copy(update={"holdout_window": 48})  # the rollback check on every held-out request
+    # (8 held-out requests: the walks are stand-ins, the broken deployed and candidate drafters 1.2, the one before 1.5)
+    monkeypatch.setattr(judge_mod, "walk_rows", lambda d, seqs, cache=None: [
+        {"id": s.id, "domain": "traffic", "verify_steps": 10,
+         "completion_tokens": 12 if d is ad.deployed or d is ad.drafter else 15} for s in seqs])
     ad.judge()
     previous_version = ad.state.deployed[-3]["version"]
     assert ad.state.rollbacks == trained[1]["rollbacks"] + 1
@@ -255,9 +335,10 @@ def test_adapter_resumes_where_it_stopped(tmp_path):
     second = _adapter(sp, pushes, tmp_path / "run", max_steps=20)
     assert second.state.step == 12 and second.state.cursor.after == 24
     assert all(torch.equal(weights[k], v) for k, v in second.drafter.state_dict().items())
-    assert len(second.train_buf) == out1["train_items"] == 18
+    n_train = [sum(not _held(_run_ids(s, 40), 8) for s in range(1, n + 1)) for n in (24, 32)]
+    assert len(second.train_buf) == out1["train_items"] == n_train[0]
     out2 = second.run()
-    assert out2["step"] == 20 and out2["train_items"] == 24 and out2["reader"]["items"] == 32
+    assert out2["step"] == 20 and out2["train_items"] == n_train[1] and out2["reader"]["items"] == 32
     assert second.train_buf.counts["duplicates"] == 0
 
 
@@ -278,7 +359,7 @@ def test_a_new_run_can_start_at_the_newest_item(tmp_path):
 
 def test_a_candidate_worse_on_older_traffic_is_not_deployed(tmp_path, monkeypatch):
     """Better on the newest held-out requests (a new domain) but worse on the older ones (forgetting): kept out."""
-    import specopd_trainer.adapt.loop as loop
+    import specopd_trainer.adapt.judge as loop
 
     sp = _spool_with_traffic(n=200)  # 50 held out: 48 newest + the older ones
     pushes = Pushes(sp)
@@ -305,7 +386,7 @@ def test_a_candidate_worse_on_older_traffic_is_not_deployed(tmp_path, monkeypatc
 def test_small_losses_per_push_cannot_add_up_on_older_traffic(tmp_path, monkeypatch):
     """Equal to the deployed drafter on the older held-out requests, but worse there than the run's start drafter (a
     deployed drafter that already lost a little): kept out; equal to the start: deployed."""
-    import specopd_trainer.adapt.loop as loop
+    import specopd_trainer.adapt.judge as loop
 
     sp = _spool_with_traffic(n=200)
     pushes = Pushes(sp)
@@ -404,3 +485,121 @@ def test_retention_draws_what_the_start_drafter_did_well(tmp_path, monkeypatch):
         assert m["retained_slots"] >= 0 and m["supervised_tokens"] == 3 * 8 * 3  # 3 CE requests x 8 anchors x G=3
     assert seen == [True] * 3
     assert sorted(calls) == sorted(s.id for s in ad.train_buf.sequences)  # each request weighed once
+
+
+# ---- the guard per slice (synthetic per-item taus) ------------------------------------------------------------------
+
+def _judge_case(monkeypatch, slices, cand_delta, **cfg_over):
+    """A stand-in adapter whose held-out requests are ``slices`` [(slice, n)] oldest first; per request the deployed
+    and start drafters walk tau 1.5 + 0.1 * (i % 3), the candidate that plus ``cand_delta[slice]``."""
+    import specopd_trainer.adapt.judge as judge_mod
+    from specopd_trainer.adapt.config import AdaptConfig
+    from specopd_trainer.adapt.state import AdaptState
+
+    hold = [SimpleNamespace(id=f"{name}{i}", slice=name) for name, n in slices for i in range(n)]
+    base = {s.id: 1.5 + 0.1 * (i % 3) for i, s in enumerate(hold)}
+    cand, dep, start = object(), object(), object()
+
+    def rows(drafter, seqs, cache=None):
+        return [{"id": s.id, "domain": "traffic", "verify_steps": 10,
+                 "completion_tokens": round(10 * (base[s.id] + (cand_delta[s.slice] if drafter is cand else 0)))}
+                for s in seqs]
+
+    monkeypatch.setattr(judge_mod, "walk_rows", rows)
+    pushed = []
+    cfg = AdaptConfig(**{"holdout_window": 12, "min_holdout": 6, "holdout_older": 48, **cfg_over})
+    ad = SimpleNamespace(cfg=cfg, state=AdaptState(), hold_buf=SimpleNamespace(sequences=hold), drafter=cand,
+                         deployed=dep, anchor=start, _dep_cache={}, _start_cache={}, previous=None,
+                         next_version=lambda: "adapt-x-1",
+                         deploy_candidate=lambda version, why: pushed.append(version) or True)
+    return judge_mod.judge(ad), pushed
+
+
+def test_a_candidate_worse_on_one_slice_is_refused_naming_the_slice(monkeypatch):
+    # older: coding (12, worse by 0.2) and agentic (12, better); newest 12: wordsort, better by 0.5
+    v, pushed = _judge_case(monkeypatch, [("coding", 12), ("agentic", 12), ("wordsort", 12)],
+                            {"coding": -0.2, "agentic": 0.4, "wordsort": 0.5})
+    assert v["ci95"][0] > 0  # better overall on the newest traffic
+    assert v["slices"]["coding"]["passed"] is False and v["slices"]["coding"]["ci95"][0] < -0.02
+    assert v["slices"]["agentic"]["passed"] and v["slices"]["wordsort"]["passed"]
+    assert v["deploy"] is False and pushed == [] and "worse on slice coding than the deployed drafter" in v["reason"]
+    assert v["slices_vs_start"]["coding"]["passed"] is False
+
+
+def test_a_small_slice_is_reported_not_judged_and_does_not_block(monkeypatch):
+    # older: agentic (12, better), japanese (3 < guard_min_slice_items, worse); newest 12: wordsort, better
+    v, pushed = _judge_case(monkeypatch, [("agentic", 12), ("japanese", 3), ("wordsort", 12)],
+                            {"agentic": 0.4, "japanese": -0.3, "wordsort": 0.5}, guard_min_slice_items=8)
+    assert v["deploy"] is True and pushed == ["adapt-x-1"] and v["pushed"] == "adapt-x-1"
+    assert v["slices"]["japanese"] == {"items": 3, "ran": False, "passed": None,
+                                       "why": "3 held-out requests < 8: not judged"}
+    assert v["not_judged"] == ["japanese"] and "slices not judged" in v["reason"] and "japanese" in v["reason"]
+    assert v["older"]["ran"] and v["older"]["passed"]
+
+
+def test_a_check_that_could_not_run_blocks_the_push_and_says_so(monkeypatch):
+    # 12 held-out requests, all inside the newest window: no older traffic to check (issue 51's silent deploy)
+    v, pushed = _judge_case(monkeypatch, [("wordsort", 12)], {"wordsort": 0.5})
+    assert v["ci95"][0] > 0 and v["deploy"] is False and pushed == []
+    assert v["older"]["ran"] is False and v["older_vs_start"]["ran"] is False
+    assert "the older-traffic check (vs the deployed drafter) could not run" in v["reason"]
+    v, pushed = _judge_case(monkeypatch, [("wordsort", 4)], {"wordsort": 0.5})  # < min_holdout: overall not run
+    assert v["ran"] is False and v["deploy"] is False and "not judged" in v["reason"] and pushed == []
+
+
+def test_after_a_shift_every_step_still_draws_old_slices_in_the_configured_share():
+    """The training buffer holds only the new slice (its FIFO dropped the old traffic); the rehearsal buffer holds
+    old0, old1 and new. Over every index of the view (what a uniform draw sees): rehearsal 0.25 of it, spread evenly
+    over the 3 slices, so old slices get 0.25 * 2/3 of every step's requests; sampled as SFT draws, the same."""
+    from specopd_trainer.adapt.config import AdaptConfig
+    from specopd_trainer.adapt.view import TrainView
+
+    new = [SimpleNamespace(id=f"n{i}", slice="new") for i in range(90)]
+    reh = {"old0": [SimpleNamespace(id=f"a{i}", slice="old0") for i in range(5)],
+           "old1": [SimpleNamespace(id=f"b{i}", slice="old1") for i in range(7)], "new": new[-10:]}
+    view = TrainView(SimpleNamespace(cfg=AdaptConfig(rehearsal=0.25), _train_view=new, _rehearsal_view=reh))
+    assert len(view) == 90 + 30  # 30 / 120 = 0.25
+    drawn = [view[i].slice for i in range(len(view))]
+    assert drawn.count("old0") == drawn.count("old1") == 10 and drawn.count("new") == 100
+    assert {view[i].id for i in range(len(view)) if view[i].slice == "old1"} == {f"b{i}" for i in range(7)}
+    g = torch.Generator().manual_seed(0)
+    picks = torch.randint(len(view), (4000,), generator=g).tolist()
+    old_share = sum(view[i].slice != "new" for i in picks) / len(picks)
+    assert abs(old_share - 0.25 * 2 / 3) < 0.03
+    off = TrainView(SimpleNamespace(cfg=AdaptConfig(rehearsal=0.0), _train_view=new, _rehearsal_view=reh))
+    assert len(off) == 90 and list(off) == new
+
+
+# ---- what the progress line says ------------------------------------------------------------------------------------
+
+def test_the_progress_line_names_each_state_of_the_last_judgement():
+    from specopd_trainer.adapt.report import status_line
+    from specopd_trainer.adapt.state import AdaptState
+
+    def line(*verdicts):
+        st = AdaptState(step=300)
+        for v in verdicts:
+            st.note_verdict(v)
+        return status_line(st, train_items=10, holdout_items=4, loss=None)
+
+    m = {"candidate_tau": 1.316, "deployed_tau": 1.232, "diff": 0.084, "ci95": [0.016, 0.164], "requests": 12,
+         "step": 100}
+    assert "candidate not judged yet" in line()
+    assert "candidate not judged at step 100 (not judged: 4 held-out requests < 12" in line(
+        {"kind": "candidate", "step": 100, "ran": False, "deploy": False,
+         "reason": "not judged: 4 held-out requests < 12 (the overall check could not run)"})
+    pushed = line({**m, "kind": "candidate", "ran": True, "deploy": True, "pushed": "adapt-x-1", "reason": "ok"})
+    assert "pushed adapt-x-1 at step 100" in pushed and "deployed now" in pushed and "vs deployed 1.232" not in pushed
+    rejected = line({**m, "kind": "candidate", "ran": True, "deploy": False, "reason": "worse on slice s-1"},
+                    {"kind": "candidate_reset", "step": 100, "why": "rollback"})
+    assert "candidate rejected at step 100: 1.316 vs deployed 1.232" in rejected and "worse on slice s-1" in rejected
+    assert "not judged" not in rejected  # a rejection right before is not "not judged yet"
+    back = line({**m, "kind": "candidate", "ran": True, "deploy": False, "reason": "x"},
+                {**m, "kind": "deployed_vs_previous", "rolled_back": True, "pushed": "initial-rollback"})
+    assert "rollback check at step 100: deployed 1.316 vs previous 1.232" in back and "rolled back to initial" in back
+
+
+def test_version_names_have_one_adapt_prefix(tmp_path):
+    sp = _spool_with_traffic(n=4)
+    assert _adapter(sp, Pushes(sp), tmp_path / "adapt-20250101-000000").next_version() == "adapt-20250101-000000-1"
+    assert _adapter(sp, Pushes(sp), tmp_path / "run").next_version() == "adapt-run-1"

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.server
 @pytest.fixture(scope="module")
 def adapt_server(tiny_serving_target, tiny_drafter, tmp_path_factory):
     from conftest import running_server, tiny_launch_spec
-    from sglang_specopd.app.launch import free_port
+    from sglang_specopd.app.launch.process import free_port
 
     spec = replace(tiny_launch_spec(tiny_serving_target, free_port(), tiny_drafter), admin_api_key=ADMIN,
                    traffic_spool_mb=4, traffic_features_mb=8)
@@ -50,7 +50,7 @@ def _prompts(n, seed=0, length=12, shared=()):
 def test_features_captured_while_serving_equal_score_trees_features(adapt_server):
     import torch
 
-    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client.http import SpecOPDClient
 
     url = adapt_server.url
     cfg = json.loads((Path(adapt_server.spec.drafter_path) / "config.json").read_text())
@@ -151,7 +151,7 @@ def test_a_corrupted_spool_item_is_counted_and_skipped(adapt_server, tmp_path):
     """The real server's pages, with one item per page damaged on the way (truncated ids), read by the adapter."""
     from specopd_trainer.adapt.config import AdaptConfig
     from specopd_trainer.adapt.loop import Adapter
-    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client.http import SpecOPDClient
     from specopd_trainer.drafters.registry import drafter_class_for_checkpoint
 
     class Damaging(SpecOPDClient):
@@ -179,7 +179,7 @@ def test_a_request_can_opt_out_of_the_spool(adapt_server):
     another value of that key is a 400 with the reason."""
     import httpx
 
-    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client.http import SpecOPDClient
 
     url = adapt_server.url
     with SpecOPDClient(url, admin_api_key=ADMIN) as c:

@@ -62,7 +62,7 @@ class FakeDrafter:
 
 
 class FakeSession:
-    """Stands in for :class:`sglang_specopd.app.train_session._Session` (no server)."""
+    """Stands in for :class:`sglang_specopd.app.train.session._Session` (no server)."""
 
     def __init__(self, server, api_key, admin_key, init, target, *, need_push, say):
         self.url = self.where = server
@@ -89,8 +89,8 @@ class FakeSession:
 
 @pytest.fixture()
 def no_server(monkeypatch):
-    import sglang_specopd.app.fleet_session as fs
-    import sglang_specopd.app.train_data as td
+    import sglang_specopd.app.train.fleet_session as fs
+    import sglang_specopd.app.train.data as td
 
     # the session factory is replaced, never train_session._Session itself: FleetSession subclasses that class when
     # fleet_session is first imported, and a fake base class would stay in it for the rest of the process
@@ -160,7 +160,7 @@ def test_device_and_dtype_reach_the_drafter(dummy, no_server, tmp_path: Path, mo
     assert "bad option --dtype: 'int8'" in one_error_line(cli(*base, "--dtype", "int8"))
     assert "no CUDA device" in one_error_line(cli("adapt", "--server", "http://fake", "--admin-key", "k",
                                                   "--device", "cuda"))
-    from sglang_specopd.app.train_options import resolve_device_dtype
+    from sglang_specopd.app.train.options import resolve_device_dtype
 
     assert resolve_device_dtype(None, None, cuda_available=True) == ("cuda", torch.bfloat16)
     assert resolve_device_dtype("cuda:1", "float32", cuda_available=True) == ("cuda:1", torch.float32)
@@ -169,7 +169,7 @@ def test_device_and_dtype_reach_the_drafter(dummy, no_server, tmp_path: Path, mo
 def test_the_session_loads_drafter_and_target_head_on_the_device_in_the_dtype(tiny_drafter, tiny_target) -> None:
     import torch
 
-    from sglang_specopd.app.train_session import _Session
+    from sglang_specopd.app.train.session import _Session
 
     sess = object.__new__(_Session)  # no server: only what load_drafter reads
     sess.init, sess.target, sess.push_enabled = tiny_drafter, tiny_target, False
@@ -182,7 +182,7 @@ def test_the_session_loads_drafter_and_target_head_on_the_device_in_the_dtype(ti
 
 
 def test_specopd_command_defaults_are_the_validated_recipe(monkeypatch) -> None:
-    import sglang_specopd.app.train_commands as tc
+    import sglang_specopd.app.train.commands as tc
 
     got = {}
     monkeypatch.setattr(tc, "run_algorithm", lambda alg, *, options, **shared: got.update(options=options,
@@ -214,8 +214,8 @@ def test_option_errors_are_one_line(dummy, no_server, args, needle) -> None:
 
 
 def test_main_job_lines_read_the_intervals_and_never_call_the_start_redeployed() -> None:
-    from sglang_specopd.app.main_job import MainJobConfig
-    from sglang_specopd.app.main_job_report import change_line, deployed_line, format_timings
+    from sglang_specopd.app.main_job.run import MainJobConfig
+    from sglang_specopd.app.main_job.report import change_line, deployed_line, format_timings
     from specopd_trainer.intervals import paired_difference
 
     assert format_timings({"server_start_s": 45.4, "eval_before_s": 95.0}) == "server_start 45 s, eval_before 95 s"

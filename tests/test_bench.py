@@ -310,7 +310,7 @@ def _level(c: int, spec_tps: float, base_tps: float, tau: float, step: float, tp
 def test_report_from_synthetic_results(tmp_path: Path) -> None:
     from PIL import Image
 
-    from sglang_specopd.app.bench.report import README_END, README_START, SUMMARY_END, SUMMARY_START, build_report
+    from sglang_specopd.app.bench.report.build import README_END, README_START, SUMMARY_END, SUMMARY_START, build_report
 
     results = tmp_path / "results"
     results.mkdir()
@@ -371,7 +371,7 @@ def test_report_from_synthetic_results(tmp_path: Path) -> None:
 
 
 def test_report_machine_line_without_machine_info(tmp_path: Path) -> None:
-    from sglang_specopd.app.bench.report import _provenance
+    from sglang_specopd.app.bench.report.build import _provenance
 
     assert _provenance({"command": "c"}).endswith("; machine unknown")
     assert _provenance({"machine": {}}).endswith("; machine unknown")
@@ -387,7 +387,7 @@ def test_report_sweeps_and_gpu_kernels(tmp_path: Path) -> None:
     kernel check gets a parity / speed-up table."""
     import json
 
-    from sglang_specopd.app.bench.report import _other_sections, load_results
+    from sglang_specopd.app.bench.report.build import _other_sections, load_results
 
     arm = {"arm": "sft:lr=1e-3", "acceptance": {"T0": {"mean": 1.39}, "T1": {"mean": 1.16}}, "train_wall_s": 321}
     (tmp_path / "specopd_sweep_smollm2_cpu.json").write_text(json.dumps({"arms": [arm]}))
@@ -424,7 +424,7 @@ def test_report_sweeps_and_gpu_kernels(tmp_path: Path) -> None:
 
 
 def test_results_summary_names_each_file_and_reads_its_numbers() -> None:
-    from sglang_specopd.app.bench.report_summary import TREE_SCORING_REDO, results_summary
+    from sglang_specopd.app.bench.report.summary import TREE_SCORING_REDO, results_summary
 
     results = {
         "specopd_smollm2_cpu.json": {
@@ -519,7 +519,7 @@ def test_results_summary_names_each_file_and_reads_its_numbers() -> None:
 def test_bench_report_bad_readme_writes_nothing(tmp_path: Path, readme_text: Optional[str]) -> None:
     from typer.testing import CliRunner
 
-    from sglang_specopd.app.cli import _register_subcommands, app
+    from sglang_specopd.app.cli.entry import _register_subcommands, app
 
     _register_subcommands()
     results = tmp_path / "results"
@@ -556,7 +556,7 @@ def test_bench_report_bad_readme_writes_nothing(tmp_path: Path, readme_text: Opt
 def test_bench_serve_bad_input_exits_2_with_one_error_line(args, needle) -> None:
     from typer.testing import CliRunner
 
-    from sglang_specopd.app.cli import _register_subcommands, app
+    from sglang_specopd.app.cli.entry import _register_subcommands, app
 
     _register_subcommands()
     res = CliRunner().invoke(app, ["bench", "serve", *args])
@@ -568,7 +568,7 @@ def test_tokenizer_prepared_name_resolves_locally_or_says_prepare(tmp_path: Path
     """--tokenizer smollm2 -> the prepared directory, never the Hub; not prepared -> exit 2 before any request."""
     from typer.testing import CliRunner
 
-    from sglang_specopd.app.cli import _register_subcommands, app
+    from sglang_specopd.app.cli.entry import _register_subcommands, app
     from sglang_specopd.app.models import KNOWN_MODELS, MARKER_NAME, resolve_tokenizer
 
     _register_subcommands()
@@ -592,7 +592,7 @@ def test_tokenizer_prepared_name_resolves_locally_or_says_prepare(tmp_path: Path
 def test_bench_serve_unreachable_server_exits_1_and_report_bad_dir(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from sglang_specopd.app.cli import _register_subcommands, app
+    from sglang_specopd.app.cli.entry import _register_subcommands, app
 
     _register_subcommands()
     with socket.socket() as sock:
@@ -610,7 +610,7 @@ def test_bench_serve_cli_end_to_end_on_fake_servers(tiny_target: Path, tmp_path:
     """The CLI glue: held-out prompts (eval split), both servers, the result file with the shared header."""
     from typer.testing import CliRunner
 
-    from sglang_specopd.app.cli import _register_subcommands, app
+    from sglang_specopd.app.cli.entry import _register_subcommands, app
     from specopd_trainer.evaluate import eval_records
 
     _register_subcommands()
@@ -643,7 +643,7 @@ def test_bench_serve_api_generate_streams_sglangs_native_route(tiny_target: Path
     """--api generate (what a fleet's router needs): every request on /generate with token ids, same statistics."""
     from typer.testing import CliRunner
 
-    from sglang_specopd.app.cli import _register_subcommands, app
+    from sglang_specopd.app.cli.entry import _register_subcommands, app
 
     _register_subcommands()
     out = tmp_path / "generate_fake.json"
@@ -727,7 +727,7 @@ def test_launched_tiny_servers_record_consistent_spec_stats(tiny_serving_target:
 
 def test_results_summary_reads_the_new_result_files() -> None:
     """cpu_attention, reference_corpus and draft_opd_live_traffic each give one headline line with their numbers."""
-    from sglang_specopd.app.bench.report_summary import results_summary
+    from sglang_specopd.app.bench.report.summary import results_summary
 
     results = {
         "cpu_attention_smollm2_cpu.json": {"speedup_batched_over_loop": {
@@ -750,7 +750,7 @@ def test_results_summary_reads_the_new_result_files() -> None:
 def test_results_summary_reads_the_draft_opd_comparison() -> None:
     """Each finished arm's T0 tau with its interval, the paired difference to continued SFT (flagged when inside
     the noise), T1, and the arms not run yet."""
-    from sglang_specopd.app.bench.report_summary import results_summary
+    from sglang_specopd.app.bench.report.summary import results_summary
 
     data = {"arms": ["sft_continued", "draft_opd", "specopd"], "budget_target_tokens": 14336,
             "acceptance": {"sft_continued": {"T0": {"mean": 1.7, "ci95": [1.6, 1.8]}, "T1": {"mean": 1.4}},
@@ -770,8 +770,8 @@ def test_results_summary_reads_the_draft_opd_comparison() -> None:
 def test_results_summary_reads_the_draft_opd_sweep_files(tmp_path) -> None:
     """A Draft-OPD run on validation prompts is headed as a tuning sweep with its prompts and LR, and its arms
     outside the chosen subset are not listed as "not run yet"; load_results picks the sweep files up by glob."""
-    from sglang_specopd.app.bench.report import load_results
-    from sglang_specopd.app.bench.report_summary import results_summary
+    from sglang_specopd.app.bench.report.build import load_results
+    from sglang_specopd.app.bench.report.summary import results_summary
 
     data = {"arms": ["sft_continued", "draft_opd"], "budget_target_tokens": 14336,
             "lr": {"sft_continued": 3e-5, "opd": 3e-5}, "missing_arms": ["specopd"],
@@ -791,7 +791,7 @@ def test_results_summary_reads_the_draft_opd_sweep_files(tmp_path) -> None:
 
 
 def test_results_summary_reads_the_cpu_dtype_file() -> None:
-    from sglang_specopd.app.bench.report_summary import results_summary
+    from sglang_specopd.app.bench.report.summary import results_summary
 
     data = {"rows": [{"threads": 1, "dtype": "float32", "prefill_tokens_per_s": 250.0}],
             "float32_over_bfloat16_prefill": {"2": 12.56, "1": 8.95}, "auto_dtype": "float32",
@@ -804,7 +804,7 @@ def test_results_summary_reads_the_cpu_dtype_file() -> None:
 
 def test_results_summary_reads_the_reference_drafter_and_a_features_only_corpus_run() -> None:
     """The reference drafter's served tau with its intervals; a features-only corpus run reports its feature rate."""
-    from sglang_specopd.app.bench.report_summary import results_summary
+    from sglang_specopd.app.bench.report.summary import results_summary
 
     results = {
         "reference_drafter_smollm2_cpu.json": {
@@ -826,7 +826,7 @@ def test_results_summary_reads_the_reference_drafter_and_a_features_only_corpus_
 
 def test_acceptance_series_leaves_validation_runs_out() -> None:
     """The per-domain acceptance plot shows held-out results only: a run on validation prompts adds no series."""
-    from sglang_specopd.app.bench.report import acceptance_series
+    from sglang_specopd.app.bench.report.build import acceptance_series
 
     taus = {"dialogue": 1.5, "coding": 1.6, "math": 1.7, "agentic": 1.8}
     held_out = {"acceptance": {"sft_continued": {"T0": taus}}, "eval": {"split": "eval"}}

@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from specopd_trainer.client_pool import ClientPool
+from specopd_trainer.client.pool import ClientPool
 
 
 class _Replica:

@@ -24,7 +24,7 @@ from fakes.http_stub import make_records, stub_server
 
 @pytest.mark.server
 def test_regenerate_then_resume_after_torn_last_line(tiny_specopd_server, tiny_tokenizer, tmp_path: Path) -> None:
-    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client.http import SpecOPDClient
     from specopd_trainer.collect import chat_prompt_ids, iter_responses, regenerate
 
     records = make_records(6)
@@ -59,7 +59,7 @@ def test_regenerate_then_resume_after_torn_last_line(tiny_specopd_server, tiny_t
 
 @pytest.mark.server
 def test_too_long_prompt_is_skipped_and_counted(tiny_specopd_server, tiny_tokenizer, tmp_path: Path) -> None:
-    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client.http import SpecOPDClient
     from specopd_trainer.collect import chat_prompt_ids, iter_responses, regenerate
 
     records = make_records(2, prefix="short")
@@ -81,8 +81,8 @@ def test_too_long_prompt_is_skipped_and_counted(tiny_specopd_server, tiny_tokeni
 
 
 def test_server_down_raises_collection_error_and_keeps_cache(tiny_tokenizer, tmp_path: Path) -> None:
-    from sglang_specopd.app.launch import free_port
-    from specopd_trainer.client import SpecOPDClient
+    from sglang_specopd.app.launch.process import free_port
+    from specopd_trainer.client.http import SpecOPDClient
     from specopd_trainer.collect import CollectionError, regenerate
 
     cache = tmp_path / "c.jsonl"
@@ -97,7 +97,7 @@ def test_server_down_raises_collection_error_and_keeps_cache(tiny_tokenizer, tmp
 
 
 def test_server_dying_mid_run_keeps_finished_responses(tiny_tokenizer, tmp_path: Path) -> None:
-    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client.http import SpecOPDClient
     from specopd_trainer.collect import CollectionError, iter_responses, regenerate
 
     served = []
@@ -122,7 +122,7 @@ def test_server_dying_mid_run_keeps_finished_responses(tiny_tokenizer, tmp_path:
 
 
 def test_4xx_is_counted_and_auth_failure_is_fatal(tiny_tokenizer, tmp_path: Path) -> None:
-    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client.http import SpecOPDClient
     from specopd_trainer.collect import CollectionError, regenerate
 
     bad_len = None
@@ -169,7 +169,7 @@ def test_cache_reader_tolerates_only_a_torn_tail(tmp_path: Path) -> None:
 
 
 def test_invalid_record_is_a_typed_error(tiny_tokenizer, tmp_path: Path) -> None:
-    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client.http import SpecOPDClient
     from specopd_trainer.collect import InvalidRecordError, regenerate
 
     with SpecOPDClient("http://127.0.0.1:9", retries=0) as client, pytest.raises(InvalidRecordError, match="'id'"):
@@ -180,7 +180,7 @@ def test_invalid_record_is_a_typed_error(tiny_tokenizer, tmp_path: Path) -> None
 def test_a_record_may_carry_its_own_temperature_and_seed(tiny_tokenizer, tmp_path: Path) -> None:
     """Several samples of one prompt (data/corpus.py): the record's temperature and sampling_seed reach /generate;
     records without them get the run's temperature."""
-    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client.http import SpecOPDClient
     from specopd_trainer.collect import regenerate
 
     seen = {}

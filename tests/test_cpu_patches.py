@@ -42,7 +42,7 @@ def run_python(code: str, env: dict, *args: str, timeout: float = 300.0) -> subp
 
 
 def cpu_env(**extra) -> dict:
-    from sglang_specopd.app.launch import server_env
+    from sglang_specopd.app.launch.process import server_env
 
     env = server_env("cpu")
     env["SGLANG_PLUGINS"] = "specopd"  # only our plugin, whatever else is installed

@@ -236,7 +236,7 @@ def test_serve_config_sets_drafter_and_spool(tmp_path: Path):
 @pytest.mark.server
 def test_end_to_end_on_the_tiny_target(tiny_serving_target: Path, tiny_drafter: Path, tmp_path: Path):
     """~2-3 min: tiny fp32 SPECOPD server, 2 requests in flight for 1.5 min, the trainer after 0.4 min."""
-    from sglang_specopd.app.launch import free_port
+    from sglang_specopd.app.launch.process import free_port
 
     cfg = tiny_specopd_config(tmp_path / "tiny.yaml", tiny_serving_target, tiny_drafter, "tiny-live-traffic")
     out = tmp_path / "result.json"

@@ -30,7 +30,7 @@ def test_replay_reproduces_the_servers_t0_proposals(parity_server, tiny_target: 
     from specopd_trainer.algorithms.draft_opd.rollouts import live_source
     from specopd_trainer.algorithms.sequential_opd.rollouts import (block_rows, pack_recorded_blocks,
                                                                     score_recorded_blocks)
-    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client.http import SpecOPDClient
     from specopd_trainer.drafters.dflash import DFlashDrafter
 
     tok = AutoTokenizer.from_pretrained(tiny_target)

@@ -396,7 +396,7 @@ def test_restore_from_a_result_seeds_the_missing_arms(tmp_path: Path, tiny_draft
 def test_two_arms_end_to_end_on_the_tiny_target(tiny_serving_target: Path, tiny_drafter: Path, tmp_path: Path):
     """~2-4 min: a tiny fp32 SPECOPD server; continued SFT and Draft-OPD from the tiny drafter at a 48-token budget,
     each pushed hot and evaluated on 2 held-out prompts per domain at T0/T1; then a re-run skips both."""
-    from sglang_specopd.app.launch import free_port
+    from sglang_specopd.app.launch.process import free_port
 
     cfg = tiny_specopd_config(tmp_path / "tiny.yaml", tiny_serving_target, tiny_drafter, "tiny-draft-opd-compare")
     run, out = tmp_path / "run", tmp_path / "r.json"

@@ -1,4 +1,4 @@
-"""Tests of the drafter-architecture registry (sglang_specopd.wire.drafter_archs) and of everything that reads it:
+"""Tests of the drafter-architecture registry (sglang_specopd.wire.drafters.archs) and of everything that reads it:
 the trainer's drafter registry, drafter init/check (library and ``specopd drafter`` CLI) and the hot-swap checks.
 
 A dummy architecture registered here (never in the modules themselves) must be usable by all of them.
@@ -18,9 +18,9 @@ import pytest
 
 from fakes.drafter_arch import DUMMY, DummySpec
 from fakes.drafter_arch import dummy_config as _dummy_config
-from sglang_specopd.app.drafter_check import Problem, check_drafter, describe
+from sglang_specopd.app.drafters.check import Problem, check_drafter, describe
 from sglang_specopd.wire.checkpoint_info import read_safetensors_header
-from sglang_specopd.wire.drafter_archs import (
+from sglang_specopd.wire.drafters.archs import (
     DFLASH,
     DrafterArch,
     UnknownDrafterArchError,
@@ -35,8 +35,8 @@ from sglang_specopd.wire.drafter_archs import (
     spec_as_dict,
     unregister_drafter_arch,
 )
-from sglang_specopd.wire.drafter_format import DrafterConfigError, DrafterSpec, drafter_config, expected_tensors
-from sglang_specopd.wire.drafter_init import DrafterInitError, init_drafter, init_drafter_tensors
+from sglang_specopd.wire.drafters.format import DrafterConfigError, DrafterSpec, drafter_config, expected_tensors
+from sglang_specopd.wire.drafters.init import DrafterInitError, init_drafter, init_drafter_tensors
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -242,11 +242,11 @@ def test_dummy_arch_in_trainer_registry(dummy_arch: DrafterArch, target: Path, d
 _CLI_SCRIPT = r"""
 import json, sys
 sys.path[:0] = [sys.argv[1]]
-from sglang_specopd.wire.drafter_archs import register_drafter_arch
+from sglang_specopd.wire.drafters.archs import register_drafter_arch
 from fakes.drafter_arch import DUMMY
 register_drafter_arch(DUMMY)  # like an extension: registered before the CLI is built
 from typer.testing import CliRunner
-from sglang_specopd.app.cli import _register_subcommands, app
+from sglang_specopd.app.cli.entry import _register_subcommands, app
 _register_subcommands()
 out = []
 for args in json.loads(sys.argv[2]):
@@ -290,7 +290,7 @@ def test_cli_offers_registered_arches(target: Path, dflash_dir: Path, tmp_path: 
 def test_hot_swap_validation_goes_through_the_registry(dummy_arch: DrafterArch) -> None:
     import torch
 
-    from sglang_specopd.server.hot_swap import validate_swap
+    from sglang_specopd.server.drafter.swap import validate_swap
 
     dflash_spec, dummy_spec = _spec(), DummySpec(64, 1024, 6, width=8)
     dflash_tensors = init_drafter_tensors(dflash_spec, 0)

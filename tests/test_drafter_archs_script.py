@@ -249,8 +249,8 @@ def test_a_failing_architecture_does_not_stop_the_others(tmp_path: Path, monkeyp
 
 def _report_reads(res):
     """`specopd bench report` on the result: the summary item and the table carry its numbers."""
-    from sglang_specopd.app.bench.report_archs import NAME, drafter_archs_section
-    from sglang_specopd.app.bench.report_summary import results_summary
+    from sglang_specopd.app.bench.report.archs import NAME, drafter_archs_section
+    from sglang_specopd.app.bench.report.summary import results_summary
 
     text = "\n".join(results_summary({NAME: res}))
     assert "**Drafter architectures** (`drafter_archs_smollm2_cpu.json`, 2 layers, block 8 each)" in text

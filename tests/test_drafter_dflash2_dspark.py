@@ -18,12 +18,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from sglang_specopd.app.drafter_check import check_drafter
-from sglang_specopd.wire.drafter_archs import parse_drafter_config
-from sglang_specopd.wire.drafter_dflash2 import DFlash2Spec
-from sglang_specopd.wire.drafter_dspark import DSparkSpec
-from sglang_specopd.wire.drafter_format import DrafterConfigError, DrafterSpec
-from sglang_specopd.wire.drafter_init import init_drafter_tensors
+from sglang_specopd.app.drafters.check import check_drafter
+from sglang_specopd.wire.drafters.archs import parse_drafter_config
+from sglang_specopd.wire.drafters.dflash2 import DFlash2Spec
+from sglang_specopd.wire.drafters.dspark import DSparkSpec
+from sglang_specopd.wire.drafters.format import DrafterConfigError, DrafterSpec
+from sglang_specopd.wire.drafters.init import init_drafter_tensors
 from specopd_trainer.drafters import drafter_class_for_checkpoint
 from specopd_trainer.drafters.dflash import DFlashDrafter, DrafterLoadError
 from specopd_trainer.drafters.dflash2 import DFlash2Drafter
@@ -355,7 +355,7 @@ def test_parity_with_sglang_model_classes(tmp_path: Path) -> None:
 def test_cli_init_and_check(tiny_target6: Path, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from sglang_specopd.app.cli import _register_subcommands, app
+    from sglang_specopd.app.cli.entry import _register_subcommands, app
 
     _register_subcommands()
     run = CliRunner().invoke

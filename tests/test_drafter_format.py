@@ -12,9 +12,9 @@ from typing import Callable
 
 import pytest
 
-from sglang_specopd.app.drafter_check import DrafterCheckError, Problem, assert_drafter_ok, check_drafter
-from sglang_specopd.app.drafter_check import check_drafter_report
-from sglang_specopd.wire.drafter_format import (
+from sglang_specopd.app.drafters.check import DrafterCheckError, Problem, assert_drafter_ok, check_drafter
+from sglang_specopd.app.drafters.check import check_drafter_report
+from sglang_specopd.wire.drafters.format import (
     DrafterConfigError,
     DrafterSpec,
     DrafterSpecError,
@@ -23,7 +23,7 @@ from sglang_specopd.wire.drafter_format import (
     expected_tensors,
     spec_from_config,
 )
-from sglang_specopd.wire.drafter_init import DrafterInitError, MaskTokenError, init_drafter, pick_mask_token
+from sglang_specopd.wire.drafters.init import DrafterInitError, MaskTokenError, init_drafter, pick_mask_token
 from _tiny_target import make_tiny_target
 
 REPO = Path(__file__).resolve().parents[1]
@@ -248,7 +248,7 @@ def test_check_reports_specific_problem(case: str, target: Path, bad_copy: Calla
 def test_cli_check_exits_2_with_problem_line(case: str, target: Path, bad_copy: Callable[[str], Path]) -> None:
     from typer.testing import CliRunner
 
-    from sglang_specopd.app.cli import _register_subcommands, app
+    from sglang_specopd.app.cli.entry import _register_subcommands, app
 
     _register_subcommands()
     res = CliRunner().invoke(app, ["drafter", "check", str(bad_copy(case)), "--target", str(target)])
@@ -280,7 +280,7 @@ def test_check_accepts_what_sglang_accepts(target: Path, drafter: Path, tmp_path
 def test_cli_check_missing_drafter_says_error(target: Path, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from sglang_specopd.app.cli import _register_subcommands, app
+    from sglang_specopd.app.cli.entry import _register_subcommands, app
 
     _register_subcommands()
     res = CliRunner().invoke(app, ["drafter", "check", str(tmp_path / "none"), "--target", str(target)])
@@ -294,7 +294,7 @@ def test_check_missing_target_and_drafter(drafter: Path, tmp_path: Path) -> None
     assert check_drafter(tmp_path / "none", tmp_path) == [
         Problem("drafter_missing", f"drafter path does not exist: {tmp_path / 'none'}")]
     res = subprocess.run(
-        [sys.executable, "-c", "from sglang_specopd.app.cli import main; main()", "drafter", "check", str(drafter),
+        [sys.executable, "-c", "from sglang_specopd.app.cli.entry import main; main()", "drafter", "check", str(drafter),
          "--target", str(tmp_path / "nope")],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120,
     )
@@ -306,7 +306,7 @@ def test_check_missing_target_and_drafter(drafter: Path, tmp_path: Path) -> None
 def test_cli_init_and_check_ok(target: Path, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from sglang_specopd.app.cli import _register_subcommands, app
+    from sglang_specopd.app.cli.entry import _register_subcommands, app
 
     _register_subcommands()
     runner = CliRunner()

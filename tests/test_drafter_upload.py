@@ -1,6 +1,6 @@
 """Drafters of real size (issue 54, item 2): a drafter push streamed to a temporary file with the limit
 (``drafter_max_payload_mb``) enforced while it streams, memory bounded, then loaded by the scheduler from the file
-(:mod:`sglang_specopd.server.drafter_upload`). No server: the route functions on a stand-in request."""
+(:mod:`sglang_specopd.server.drafter.upload`). No server: the route functions on a stand-in request."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_specopd.server import drafter_upload
-from sglang_specopd.server.drafter_upload import UPLOAD_PREFIX, decode_upload, drafter_limit, is_upload, receive
-from sglang_specopd.server.http_body import BodyError
+from sglang_specopd.server.drafter import upload as drafter_upload
+from sglang_specopd.server.drafter.upload import UPLOAD_PREFIX, decode_upload, drafter_limit, is_upload, receive
+from sglang_specopd.server.http.body import BodyError
 from sglang_specopd.wire.protocol import decode_tensors, swap_payload
 
 MiB = 2**20
@@ -89,8 +89,8 @@ def test_json_and_empty_bodies_pass_as_they_are(upload_tmp: Path) -> None:
 
 def test_an_upload_decodes_as_the_bytes_do(upload_tmp: Path) -> None:
     """The scheduler reads the upload file to the same tensors, header and digest as the body in memory; the
-    hot swap's request reader takes it (sglang_specopd.server.hot_swap)."""
-    from sglang_specopd.server.hot_swap import _read_request
+    hot swap's request reader takes it (sglang_specopd.server.drafter.swap)."""
+    from sglang_specopd.server.drafter.swap import _read_request
 
     tensors = {"layers.0.mlp.up_proj.weight": torch.randn(64, 32), "norm.weight": torch.ones(32)}
     body = swap_payload({"architectures": ["DFlashDraftModel"]}, tensors, "v7")

@@ -83,7 +83,7 @@ def test_plain_server_is_a_clear_error(tiny_tokenizer) -> None:
 
 
 def test_server_down_is_an_evaluation_error(tiny_tokenizer) -> None:
-    from sglang_specopd.app.launch import free_port
+    from sglang_specopd.app.launch.process import free_port
     from specopd_trainer.evaluate import EvaluationError, evaluate_acceptance
 
     with pytest.raises(EvaluationError, match="failed after 1 attempts"):
@@ -136,7 +136,7 @@ def test_cli_writes_result_json_and_plot(tiny_target: Path, tiny_tokenizer, tmp_
     from typer.testing import CliRunner
 
     import specopd_trainer.evaluate as ev
-    from sglang_specopd.app.cli import _register_subcommands, app
+    from sglang_specopd.app.cli.entry import _register_subcommands, app
     from specopd_trainer.collect import chat_prompt_ids
 
     _register_subcommands()

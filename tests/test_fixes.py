@@ -66,7 +66,7 @@ def test_replace_embeds_path_left_to_sglang() -> None:
 @pytest.mark.slow
 def test_hook_fixes_sglangs_own_method() -> None:
     """The real ModelRunner._extend_forward_kwargs: bf16 for an fp32 runner before the plugin loads, fp32 after."""
-    from sglang_specopd.app.launch import server_env
+    from sglang_specopd.app.launch.process import server_env
 
     code = textwrap.dedent('''
         import json, types, torch

@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from sglang_specopd.app.fleet_control import check_no_live_fleet, cli_argv, stop_fleet
-from sglang_specopd.app.fleet_plan import (FleetError, FleetOptions, RouterSpec, cpu_list, pinned_argv, plan_cores,
-                                           plan_gpus, router_argv, tp_args, visible_gpus, worker_ports)
-from sglang_specopd.app.fleet_state import (FleetState, ProcessRecord, is_alive, read_state, start_ticks,
+from sglang_specopd.app.fleet.control import check_no_live_fleet, cli_argv, stop_fleet
+from sglang_specopd.app.fleet.plan import (FleetError, FleetOptions, RouterSpec, plan_cores, plan_gpus, router_argv,
+                                           tp_args, visible_gpus, worker_ports)
+from sglang_specopd.app.launch.pinning import cpu_list, pinned_argv
+from sglang_specopd.app.fleet.state import (FleetState, ProcessRecord, is_alive, read_state, start_ticks,
                                             state_path, write_state)
+from sglang_specopd.app.launch.pinning import cpu_list, pinned_argv
 
 
 def test_worker_ports_follow_the_router_port_or_the_base() -> None:
@@ -72,7 +74,7 @@ def test_router_command() -> None:
 def test_the_detached_command_line_has_every_option_and_no_key() -> None:
     from typer.main import get_command
 
-    from sglang_specopd.app.cli import _register_subcommands, fleet_app
+    from sglang_specopd.app.cli.entry import _register_subcommands, fleet_app
 
     _register_subcommands()
     opts = FleetOptions(config="cpu-smollm2", workers=3, run_dir="runs/f", host="0.0.0.0", port=31000,
@@ -117,9 +119,9 @@ def test_tp_size_is_passed_to_every_worker_and_checked() -> None:
 def test_fleet_plan_gives_each_worker_its_gpus_and_tp_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Fleet.prepare (nothing started): each worker's LaunchSpec carries its CUDA_VISIBLE_DEVICES and --tp-size;
     --gpus-per-worker defaults to --tp-size."""
-    from sglang_specopd.app import serve
-    from sglang_specopd.app.fleet import Fleet
-    from sglang_specopd.app.launch import LaunchSpec, free_port
+    from sglang_specopd.app.serve import spec as serve
+    from sglang_specopd.app.fleet.supervisor import Fleet
+    from sglang_specopd.app.launch.process import LaunchSpec, free_port
 
     monkeypatch.setattr(serve, "launch_spec", lambda cfg, host, port, extra_args, **kw: LaunchSpec(
         model_path=cfg.target, host=host, port=port, extra_args=list(cfg.extra_sglang_args) + list(extra_args)))
@@ -173,7 +175,7 @@ def _wait(cond, timeout: float = 10.0) -> None:
 
 
 def test_stop_stops_every_group_removes_shm_and_is_idempotent(tmp_path: Path) -> None:
-    from sglang_specopd.app.launch_cleanup import session_pids
+    from sglang_specopd.app.launch.cleanup import session_pids
 
     shm = Path("/dev/shm") / f"specopd-test-fleet-{uuid.uuid4().hex[:8]}"
     procs = [_group(f"exec 3>{shm}; sleep 300 & wait"), _group("sleep 300 & wait"), _group("sleep 300 & wait")]
@@ -227,7 +229,7 @@ def test_a_reused_pid_is_never_signalled(tmp_path: Path) -> None:
 def test_status_and_stop_without_a_fleet_fail_in_one_line(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from sglang_specopd.app.cli import _register_subcommands, app
+    from sglang_specopd.app.cli.entry import _register_subcommands, app
 
     _register_subcommands()
     for cmd in ("status", "stop"):
@@ -239,7 +241,7 @@ def test_status_and_stop_without_a_fleet_fail_in_one_line(tmp_path: Path) -> Non
 def test_start_refuses_bad_input_in_one_line_before_starting_anything(tmp_path: Path, detach: bool) -> None:
     from typer.testing import CliRunner
 
-    from sglang_specopd.app.cli import _register_subcommands, app
+    from sglang_specopd.app.cli.entry import _register_subcommands, app
 
     _register_subcommands()
     base = ["fleet", "start", "--run-dir", str(tmp_path), "--workers", "2"] + (["--detach"] if detach else [])
@@ -251,8 +253,8 @@ def test_start_refuses_bad_input_in_one_line_before_starting_anything(tmp_path: 
 
 
 def test_status_of_a_fleet_that_does_not_answer(tmp_path: Path) -> None:
-    from sglang_specopd.app.fleet_status import fleet_status, status_lines
-    from sglang_specopd.app.launch import free_port
+    from sglang_specopd.app.fleet.status import fleet_status, status_lines
+    from sglang_specopd.app.launch.process import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
     w = ProcessRecord(role="worker", pid=1, start_ticks=0, url=url)

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from specopd_trainer.client import ServerUnavailableError
 from fakes.adapt import FakeSpool
 from fakes.adapt import run_ids as _run_ids
 from fakes.fleet import FakeWorker
+from specopd_trainer.adapt.slices import held_out
+from specopd_trainer.client.http import ServerUnavailableError
 
 W0, W1 = "http://w0", "http://w1"
 
@@ -33,7 +34,7 @@ class SpoolWorker(FakeSpool):
 
 
 def traffic_fleet(n0=24, n1=24):
-    from specopd_trainer.fleet_client import FleetClient
+    from specopd_trainer.fleet.client import FleetClient
 
     spools = {W0: SpoolWorker("spool-a"), W1: SpoolWorker("spool-b")}
     for url, n in ((W0, n0), (W1, n1)):
@@ -60,7 +61,8 @@ def test_every_workers_spool_is_read_with_its_own_cursor_and_resumed_exactly(tmp
     out1 = first.run()
     st = first.state
     assert {u: (c.spool_id, c.after) for u, c in st.cursors.items()} == {W0: ("spool-a", 24), W1: ("spool-b", 24)}
-    assert st.reader.by_worker == {W0: 24, W1: 24} and st.reader.items == 48 and st.reader.held_out == 12
+    assert st.reader.by_worker == {W0: 24, W1: 24} and st.reader.items == 48
+    assert st.reader.held_out == sum(held_out(_run_ids(s + o, 40)[:8], 4) for o in (0, 1000) for s in range(1, 25))
     seqs = first.train_buf.sequences + first.hold_buf.sequences
     assert {s.worker for s in seqs if s.id.startswith("spool-a:")} == {W0}
     assert {s.worker for s in seqs if s.id.startswith("spool-b:")} == {W1}
@@ -92,7 +94,8 @@ def test_a_worker_down_during_a_read_keeps_its_cursor_and_is_read_when_back():
     spools[W1].down = False
     got = reader.read()
     assert [(it.worker, it.seq) for it in got] == [(W1, s) for s in range(3, 7)]
-    assert counts.by_worker == {W0: 6, W1: 4} and [it.held_out for it in got] == [False, True, False, False]
+    assert counts.by_worker == {W0: 6, W1: 4} and [it.held_out for it in got] == [
+        held_out(_run_ids(s + 1000, 40)[:8], 4) for s in range(3, 7)]
     assert client.traffic_features([3], "spool-b")[0].keys() == {3}  # the spool read from w1 is w1's
     with pytest.raises(Exception, match="409"):
         client.traffic_features([3], "spool-z")
@@ -126,7 +129,7 @@ def test_draft_opd_traffic_reads_every_worker_and_purges_all():
             self.sp.items = []
             return n
 
-    from specopd_trainer.fleet_client import FleetClient
+    from specopd_trainer.fleet.client import FleetClient
 
     wrapped = {u: Cursoring(sp) for u, sp in spools.items()}
     fc = FleetClient([W0, W1], client_factory=lambda url: wrapped[url])
@@ -138,8 +141,8 @@ def test_draft_opd_traffic_reads_every_worker_and_purges_all():
 
 @pytest.fixture()
 def pusher():
-    from specopd_trainer.fleet_push import FleetPusher
-    from specopd_trainer.fleet_rollout import FleetRollout
+    from specopd_trainer.fleet.push import FleetPusher
+    from specopd_trainer.fleet.rollout import FleetRollout
 
     workers = {}
     ro = FleetRollout([W0, W1], admin_api_key="k", worker_factory=lambda url: FakeWorker(url, workers))
@@ -159,8 +162,8 @@ def test_a_push_is_one_transaction_committed_on_every_worker(pusher):
 
 
 def test_a_refused_push_aborts_on_every_worker_and_changes_nothing(pusher):
-    from specopd_trainer.fleet_push import FleetPushError
-    from specopd_trainer.fleet_worker import DrafterUpdate
+    from specopd_trainer.fleet.push import FleetPushError
+    from specopd_trainer.fleet.worker import DrafterUpdate
 
     push, w, _ = pusher
     w[W1].refuse = "refused: the drafter's block_size differs"
@@ -172,7 +175,7 @@ def test_a_refused_push_aborts_on_every_worker_and_changes_nothing(pusher):
 
 
 def test_a_worker_that_missed_the_commit_is_reconciled_at_once(pusher):
-    from specopd_trainer.fleet_worker import DrafterUpdate
+    from specopd_trainer.fleet.worker import DrafterUpdate
 
     push, w, warnings = pusher
     w[W1].down_at_commit = True

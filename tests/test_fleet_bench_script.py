@@ -191,7 +191,7 @@ def test_main_writes_the_result_and_the_plot_without_servers(tmp_path: Path, mon
     from fleetbench import phases
 
     import sglang_specopd.app.bench.runner as runner
-    import sglang_specopd.app.fleet_plan as plan
+    import sglang_specopd.app.fleet.plan as plan
     from sglang_specopd.app import results as R
 
     monkeypatch.setattr(R, "_WRITTEN", set())
@@ -271,7 +271,7 @@ def test_main_writes_the_result_and_the_plot_without_servers(tmp_path: Path, mon
 
 
 def test_bad_options_are_refused_before_anything_starts(monkeypatch, capsys) -> None:
-    import sglang_specopd.app.fleet_plan as plan
+    import sglang_specopd.app.fleet.plan as plan
 
     monkeypatch.setattr(plan, "available_cores", lambda: [0])
     assert FLEET.main(["--drafter", "/d"]) == 2  # two workers, one core
@@ -320,7 +320,7 @@ def test_timed_worker_runs_its_one_shot_hook_inside_the_timed_call() -> None:
     import threading
 
     from fleetbench.load import TimedWorker
-    from specopd_trainer.fleet_worker import Step
+    from specopd_trainer.fleet.worker import Step
 
     events, order = [], []
     clock = iter(range(100)).__next__

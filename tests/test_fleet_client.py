@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from specopd_trainer.client import ServerRequestError, ServerUnavailableError
-from specopd_trainer.fleet_routing import FleetUnavailableError, affinity_key, rendezvous_order
+from specopd_trainer.client.http import ServerRequestError, ServerUnavailableError
+from specopd_trainer.fleet.routing import FleetUnavailableError, affinity_key, rendezvous_order
 
 URLS = ["http://w0", "http://w1", "http://w2"]
 
@@ -51,7 +51,7 @@ class FakeWorker:
 
 
 def fleet(urls=URLS, router=None, **kw):
-    from specopd_trainer.fleet_client import FleetClient
+    from specopd_trainer.fleet.client import FleetClient
 
     made = {}
 
@@ -133,7 +133,7 @@ def test_a_worker_that_drops_out_is_replaced_by_the_next_in_each_references_orde
 
 
 def test_ranks_split_the_workers_and_fall_back_on_the_others_only_when_theirs_fail():
-    from specopd_trainer.fleet_client import rank_share
+    from specopd_trainer.fleet.client import rank_share
 
     assert [rank_share(URLS, r, 2) for r in (0, 1)] == [["http://w0", "http://w2"], ["http://w1"]]
     assert [rank_share(URLS[:1], r, 2) for r in (0, 1)] == [["http://w0"], ["http://w0"]]
@@ -192,7 +192,7 @@ def test_generation_goes_through_the_router_unless_it_needs_custom_params():
 
 
 def test_the_fleet_check_refuses_workers_serving_another_target_or_drafter():
-    from specopd_trainer.fleet_check import FleetMismatchError
+    from specopd_trainer.fleet.check import FleetMismatchError
 
     client, w = fleet()
     ident = client.check()
@@ -269,9 +269,9 @@ def test_the_target_fingerprint_tells_models_apart_but_not_copies(tmp_path):
 
 
 def test_where_the_cli_finds_one_server_or_a_fleet(tmp_path):
-    from sglang_specopd.app.fleet_session import Endpoints, resolve_endpoints
-    from sglang_specopd.app.fleet_state import FleetState, ProcessRecord, write_state
-    from sglang_specopd.app.train_options import _TrainFail
+    from sglang_specopd.app.train.fleet_session import Endpoints, resolve_endpoints
+    from sglang_specopd.app.fleet.state import FleetState, ProcessRecord, write_state
+    from sglang_specopd.app.train.options import _TrainFail
 
     assert resolve_endpoints("http://s:1/", None, None, None) == Endpoints(server="http://s:1")
     ends = resolve_endpoints(None, "http://a:1, http://b:2/,http://a:1", "http://r:0", None)
@@ -306,7 +306,7 @@ def test_where_the_cli_finds_one_server_or_a_fleet(tmp_path):
 
 
 def test_specopd_adapt_refuses_a_fleet_serving_two_targets_in_one_line(monkeypatch):
-    import specopd_trainer.fleet_client as fc
+    import specopd_trainer.fleet.client as fc
     from fakes.cli import one_error_line
     from fakes.cli import specopd_cli as cli
 

@@ -1,4 +1,4 @@
-"""FleetRollout (:mod:`specopd_trainer.fleet_rollout`) over fake workers that keep a worker's transaction state
+"""FleetRollout (:mod:`specopd_trainer.fleet.rollout`) over fake workers that keep a worker's transaction state
 (serving version, one staged transaction, the last commit) and can refuse, conflict or be down. The HTTP calls
 themselves run against two real servers in tests/test_fleet_rollout_server.py."""
 
@@ -8,8 +8,8 @@ from typing import Dict
 
 import pytest
 
-from specopd_trainer.fleet_rollout import FleetRollout
-from specopd_trainer.fleet_worker import DrafterUpdate
+from specopd_trainer.fleet.rollout import FleetRollout
+from specopd_trainer.fleet.worker import DrafterUpdate
 
 from fakes.fleet import FakeWorker
 

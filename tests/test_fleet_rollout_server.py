@@ -1,5 +1,5 @@
 """Rollout as a transaction on TWO real SPECOPD workers: conftest's shared ``tiny_admin_server`` and a second tiny
-server started here (same target, drafter and admin key), driven by :class:`specopd_trainer.fleet_rollout.FleetRollout`
+server started here (same target, drafter and admin key), driven by :class:`specopd_trainer.fleet.rollout.FleetRollout`
 and the raw ``/specopd/drafter/stage|commit|abort`` routes. The update is the scaled copy of the start-up drafter
 (same spec, other weights); every test leaves both workers with nothing staged.
 """
@@ -17,8 +17,8 @@ import pytest
 
 from conftest import TINY_ADMIN_KEY, TINY_MAX_PAYLOAD, TINY_MAX_PAYLOAD_ENV, _env_var, running_server, tiny_launch_spec
 from sglang_specopd.wire.rollout import ABORT_DRAFTER_PATH, COMMIT_DRAFTER_PATH, STAGE_DRAFTER_PATH
-from specopd_trainer.fleet_rollout import FleetRollout
-from specopd_trainer.fleet_worker import DrafterUpdate, WorkerAdmin
+from specopd_trainer.fleet.rollout import FleetRollout
+from specopd_trainer.fleet.worker import DrafterUpdate, WorkerAdmin
 
 pytestmark = pytest.mark.server
 ADMIN = {"Authorization": f"Bearer {TINY_ADMIN_KEY}"}
@@ -28,7 +28,7 @@ PROMPT = "def add(a, b):"
 @pytest.fixture(scope="module")
 def second_worker(tiny_admin_server, tiny_serving_target: Path, tiny_drafter: Path, tmp_path_factory):
     """A second SPECOPD worker like ``tiny_admin_server`` (no prefix cache, no spool), for this module only."""
-    from sglang_specopd.app.launch import free_port
+    from sglang_specopd.app.launch.process import free_port
 
     spec = replace(tiny_launch_spec(tiny_serving_target, free_port(), tiny_drafter), admin_api_key=TINY_ADMIN_KEY)
     with contextlib.ExitStack() as stack:

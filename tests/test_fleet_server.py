@@ -3,7 +3,7 @@ each pinned to its own core) behind sglang-router, started with the console scri
 
 Checked: ``/generate`` and ``/v1/chat/completions`` through the router answer with the SPECOPD ``meta_info`` and
 reach both workers (round robin); ``fleet status`` shows both healthy on one drafter version with their spools; a
-:class:`~specopd_trainer.fleet_rollout.FleetRollout` over the workers moves both to a new version, which status and
+:class:`~specopd_trainer.fleet.rollout.FleetRollout` over the workers moves both to a new version, which status and
 the router's responses show; ``specopd adapt --fleet-run-dir`` reads both workers' spools with a cursor each,
 resumes them, and puts its drafter back on both workers with one rollout; ``fleet stop`` leaves no process (pids,
 the environment tag) and none of the workers' ``/dev/shm`` files, sockets or TMPDIRs, and a second stop changes
@@ -24,10 +24,10 @@ import pytest
 import yaml
 
 from conftest import TEST_TAG_ENV, assert_no_leftover_files, assert_no_orphans, new_process_tag, server_files
-from sglang_specopd.app.fleet_state import group_pids, read_state
-from sglang_specopd.app.launch import PortInUseError, check_port_free, free_port
-from specopd_trainer.fleet_rollout import FleetRollout
-from specopd_trainer.fleet_worker import DrafterUpdate
+from sglang_specopd.app.fleet.state import group_pids, read_state
+from sglang_specopd.app.launch.process import PortInUseError, check_port_free, free_port
+from specopd_trainer.fleet.rollout import FleetRollout
+from specopd_trainer.fleet.worker import DrafterUpdate
 from support.serving import specopd_exe
 
 pytestmark = pytest.mark.server
@@ -145,7 +145,7 @@ def test_generate_and_chat_through_the_router(fleet) -> None:
     # the plugin's own routes are the workers' business: the router does not forward them
     assert httpx.get(url + "/specopd/drafter", timeout=30).status_code == 404
     # ... but it lists its workers, which is how `specopd train --router URL` alone finds them
-    from sglang_specopd.app.fleet_router import router_workers
+    from sglang_specopd.app.fleet.router import router_workers
 
     assert sorted(router_workers(url)) == sorted(fleet["state"].worker_urls)
 

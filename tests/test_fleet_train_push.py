@@ -29,9 +29,9 @@ class FakeDrafter:
 @pytest.fixture()
 def session():
     """A FleetSession over two fake workers (its HTTP start-up skipped), its warnings and the workers."""
-    from sglang_specopd.app.fleet_session import FleetSession
-    from specopd_trainer.fleet_push import FleetPusher
-    from specopd_trainer.fleet_rollout import FleetRollout
+    from sglang_specopd.app.train.fleet_session import FleetSession
+    from specopd_trainer.fleet.push import FleetPusher
+    from specopd_trainer.fleet.rollout import FleetRollout
 
     workers, said = {}, []
     ro = FleetRollout([W0, W1], admin_api_key="k", worker_factory=lambda url: FakeWorker(url, workers))
@@ -42,8 +42,8 @@ def session():
 
 
 def test_unreachable_is_true_for_a_worker_down_and_false_for_a_refusal(session):
-    from specopd_trainer.fleet_push import FleetPushError
-    from specopd_trainer.fleet_worker import DrafterUpdate
+    from specopd_trainer.fleet.push import FleetPushError
+    from specopd_trainer.fleet.worker import DrafterUpdate
 
     sess, w, _ = session
     w[W1].down = True
@@ -91,7 +91,7 @@ def test_a_deferred_last_push_is_retried_until_the_worker_is_back(session):
 
 
 def test_the_retry_gives_up_after_its_budget_and_a_refusal_ends_the_run(session):
-    from sglang_specopd.app.train_options import _TrainFail
+    from sglang_specopd.app.train.options import _TrainFail
 
     sess, w, _ = session
     versions = []
@@ -109,8 +109,8 @@ def test_the_retry_gives_up_after_its_budget_and_a_refusal_ends_the_run(session)
 
 
 def test_a_stage_answered_with_5xx_is_a_refusal_not_a_worker_down(session):
-    from sglang_specopd.app.train_options import _TrainFail
-    from specopd_trainer.fleet_worker import Step
+    from sglang_specopd.app.train.options import _TrainFail
+    from specopd_trainer.fleet.worker import Step
 
     sess, w, _ = session
     versions = []
@@ -122,8 +122,8 @@ def test_a_stage_answered_with_5xx_is_a_refusal_not_a_worker_down(session):
 
 
 def test_a_worker_call_keeps_the_http_status_of_its_failure():
-    from specopd_trainer.client import ServerRequestError, ServerUnavailableError
-    from specopd_trainer.fleet_worker import _step
+    from specopd_trainer.client.http import ServerRequestError, ServerUnavailableError
+    from specopd_trainer.fleet.worker import _step
 
     def raising(exc):
         def call():

@@ -1,5 +1,5 @@
-"""The goodput policy's maths (sglang_specopd.server.goodput) and the truncated acceptance of a narrowed step
-(sglang_specopd.server.goodput_verify.accept_narrow), without a server."""
+"""The goodput policy's maths (sglang_specopd.server.goodput.policy) and the truncated acceptance of a narrowed step
+(sglang_specopd.server.goodput.verify.accept_narrow), without a server."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_specopd.server.goodput import (CostCurve, GoodputPolicy, SlotEstimate, bucket_of, choose_k,
-                                           expected_tokens, request_class)
+from sglang_specopd.server.goodput.policy import (CostCurve, GoodputPolicy, SlotEstimate, bucket_of, choose_k,
+                                                  expected_tokens, request_class)
 from sglang_specopd.wire.policy import PolicySettings, PolicyStats, policy_env
 
 
@@ -40,7 +40,7 @@ def test_choose_k_follows_the_cost_curve() -> None:
 
 
 def test_isotonic_cost_fit() -> None:
-    from sglang_specopd.server.goodput import isotonic
+    from sglang_specopd.server.goodput.policy import isotonic
 
     assert isotonic([1.0, 2.0, 3.0], [1, 1, 1]) == [1.0, 2.0, 3.0]
     assert isotonic([1.0, 3.0, 2.0], [1, 1, 1]) == [1.0, 2.5, 2.5]
@@ -185,7 +185,7 @@ def test_policy_settings_validation_and_env() -> None:
         PolicySettings(policy="sometimes")
     env = policy_env("goodput")
     assert PolicySettings.model_validate_json(next(iter(env.values()))).policy == "goodput"
-    from sglang_specopd.server.goodput_step import settings_from_env
+    from sglang_specopd.server.goodput.step import settings_from_env
 
     assert settings_from_env({}).policy == "fixed"
     with pytest.raises(ValueError, match="SPECOPD_SPECULATIVE_POLICY"):
@@ -199,14 +199,14 @@ def test_policy_settings_validation_and_env() -> None:
 # --- the truncated acceptance of a step that verifies k < B - 1 drafts ---
 
 def _step(k: int, block: int = 4):
-    from sglang_specopd.server.goodput_verify import StepState
+    from sglang_specopd.server.goodput.verify import StepState
 
     return StepState(k=k, block=block, reason="test", batch=None, device="cpu", draft_hidden=8)
 
 
 def test_accept_narrow_greedy_stops_at_k_with_the_target_bonus() -> None:
     pytest.importorskip("sglang")
-    from sglang_specopd.server.goodput_verify import accept_narrow
+    from sglang_specopd.server.goodput.verify import accept_narrow
 
     vocab, block = 12, 4
     cand = torch.tensor([[5, 7, 8, 9]])
@@ -235,7 +235,7 @@ def test_accept_narrow_sampled_is_lossless_for_the_verified_prefix() -> None:
     follows p_1 itself (a full-block verify would draw it from the residual after testing draft 2)."""
     pytest.importorskip("sglang")
     from sglang_specopd.server.cpu.chain_sampling import install
-    from sglang_specopd.server.goodput_verify import accept_narrow
+    from sglang_specopd.server.goodput.verify import accept_narrow
 
     install()
     torch.manual_seed(0)

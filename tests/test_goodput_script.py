@@ -115,7 +115,7 @@ def test_main_writes_the_result_without_servers(tmp_path: Path, monkeypatch) -> 
 def test_k0_step_forces_k0_with_or_without_plain_decode() -> None:
     import importlib.util
 
-    from sglang_specopd.server.goodput import GoodputPolicy
+    from sglang_specopd.server.goodput.policy import GoodputPolicy
     from sglang_specopd.wire.policy import PolicySettings
 
     spec = importlib.util.spec_from_file_location("k0_step", Path(__file__).resolve().parents[1] / "benchmarks" /

@@ -253,3 +253,65 @@ def test_settings_model_round_trip() -> None:
     s = PolicySettings.model_validate(_forcing(2))
     assert s.cost_curve_ms == {1: [100.0, 100.0, 1.0, 100.0]}
 
+
+
+def _scrape(srv: RunningServer) -> Dict[tuple, float]:
+    """``GET /metrics`` (SGLang's own route, ``--enable-metrics``) as ``{(name, sorted labels): value}``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = httpx.get(srv.url + "/metrics", timeout=60)
+    assert r.status_code == 200, r.text[:300]
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(r.text) for s in fam.samples}
+
+
+def _total(samples: Dict[tuple, float], name: str, **labels) -> float:
+    """Sum of ``name``'s samples whose labels include ``labels``."""
+    want = {k: str(v) for k, v in labels.items()}
+    return sum(v for (n, lab), v in samples.items() if n == name and want.items() <= dict(lab).items())
+
+
+def test_metrics_move_after_traffic_and_a_swap(policy_server, tiny_drafter) -> None:
+    # The shared server runs with SGLang's --enable-metrics (conftest): SGLang's series and the plugin's
+    # (docs/metrics.md) on the same /metrics, and SPECOPD serves as before.
+    import json
+
+    from sglang_specopd.wire.protocol import DRAFTER_INFO_PATH, SCORE_TREES_PATH, SWAP_DRAFTER_PATH
+
+    before = _scrape(policy_server)
+    assert any(n.startswith("sglang:") for n, _ in before), "SGLang's own series are missing"
+    set_policy(policy_server, _forcing(1))
+    try:
+        outs = _generate_all(policy_server, TINY_PROMPTS, 8)
+    finally:
+        set_policy(policy_server, {"policy": "fixed"})
+    assert all(len(o["output_ids"]) == 8 for o in outs)
+    r = httpx.post(policy_server.url + SWAP_DRAFTER_PATH, headers=ADMIN, timeout=300,
+                   content=json.dumps({"path": str(tiny_drafter), "version": "metrics-v2"}).encode())
+    assert r.status_code == 200, r.text[:300]
+    _generate_all(policy_server, TINY_PROMPTS[:2], 8)  # whole blocks under the fixed policy, the new version
+    big = httpx.post(policy_server.url + SCORE_TREES_PATH, content=b"{" + b" " * 1_100_000 + b"}",
+                     headers={"content-type": "application/json"}, timeout=60)
+    assert big.status_code == 413
+    after = _scrape(policy_server)
+
+    def moved(name, **labels):
+        return _total(after, name, **labels) - _total(before, name, **labels)
+
+    assert moved("specopd:spec_policy_k_total", k=1) > 0  # decode steps (batches) of the forced policy: k = 1
+    assert moved("specopd:spec_policy_k_total", k=0) == 0
+    drafts = moved("specopd:spec_decode_num_drafts_total")
+    assert drafts > 0
+    assert moved("specopd:spec_decode_num_draft_tokens_total") >= drafts  # k = 1 rows, then whole blocks (3)
+    accepted = moved("specopd:spec_decode_num_accepted_tokens_total")
+    assert accepted == sum(moved("specopd:spec_decode_num_accepted_tokens_per_pos_total", position=p)
+                           for p in range(1, GAMMA + 1)) and accepted > 0  # this drafter is accepted
+    version = httpx.get(policy_server.url + DRAFTER_INFO_PATH, timeout=60).json()["version"]
+    assert version == "metrics-v2"
+    assert _total(after, "specopd:drafter_info", version="metrics-v2") == 1
+    assert sum(v for (n, lab), v in after.items() if n == "specopd:drafter_info") == 1  # only the serving one
+    assert moved("specopd:drafter_ops_total", op="swap", outcome="ok") == 1
+    assert _total(after, "specopd:traffic_spool_bytes") > 0  # this server records live traffic
+    assert moved("specopd:score_trees_requests_total") == 1
+    assert moved("specopd:score_trees_refusals_total", code=413) == 1
+    assert all(dict(lab).get("model_name") for (n, lab), _ in after.items() if n.startswith("specopd:"))

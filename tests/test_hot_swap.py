@@ -324,7 +324,7 @@ def _new_tensors(model):
 
 
 def test_apply_swap_rolls_back_on_failure() -> None:
-    from sglang_specopd.server.hot_swap import apply_swap
+    from sglang_specopd.server.drafter.swap import apply_swap
 
     torch.manual_seed(0)
     model = _FakeDraftModel(fail_after=2)
@@ -339,7 +339,7 @@ def test_apply_swap_rolls_back_on_failure() -> None:
 
 
 def test_apply_swap_success_and_no_helper() -> None:
-    from sglang_specopd.server.hot_swap import apply_swap
+    from sglang_specopd.server.drafter.swap import apply_swap
 
     model = _FakeDraftModel()
     worker = _FakeWorker(model)
@@ -367,7 +367,7 @@ class _FakeDSparkModel(_FakeDraftModel):
 
 
 def test_apply_swap_drops_dspark_weight_caches_and_skips_lent_modules() -> None:
-    from sglang_specopd.server.hot_swap import _own_parameters, apply_swap
+    from sglang_specopd.server.drafter.swap import _own_parameters, apply_swap
 
     model = _FakeDSparkModel()
     own = _own_parameters(model, ["a.weight", "b.weight", "norm"])
@@ -477,8 +477,8 @@ def test_swaps_under_concurrent_greedy_requests(shared_server: Shared, baselines
 
 def _unit_refusal(tiny_drafter: Path, body: bytes) -> str:
     """The reason the scheduler op would refuse ``body`` with (a ValueError: HTTP 400); fails if it passes."""
-    from sglang_specopd.server.hot_swap import check_swap_request
-    from sglang_specopd.wire.drafter_archs import load_drafter_spec
+    from sglang_specopd.server.drafter.swap import check_swap_request
+    from sglang_specopd.wire.drafters.archs import load_drafter_spec
 
     with pytest.raises(ValueError) as info:
         check_swap_request(load_drafter_spec(tiny_drafter), body)
@@ -527,8 +527,8 @@ def test_swap_json_request_refuses_unknown_keys_and_bad_json(tiny_drafter: Path)
 
 
 def test_swap_accepts_the_supported_dtypes_with_their_checksum(tiny_drafter: Path) -> None:
-    from sglang_specopd.server.hot_swap import check_swap_request
-    from sglang_specopd.wire.drafter_archs import load_drafter_spec
+    from sglang_specopd.server.drafter.swap import check_swap_request
+    from sglang_specopd.wire.drafters.archs import load_drafter_spec
 
     config, tensors = load_drafter(tiny_drafter)
     spec = load_drafter_spec(tiny_drafter)

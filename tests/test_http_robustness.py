@@ -31,7 +31,7 @@ import httpx
 import pytest
 
 from conftest import TINY_ADMIN_KEY, TINY_BODY_IDLE_S, TINY_MAX_PAYLOAD, RunningServer
-from sglang_specopd.server.http_guard import ConnectionGuard, closes_after, has_body
+from sglang_specopd.server.http.guard import ConnectionGuard, closes_after, has_body
 from sglang_specopd.wire.protocol import DRAFTER_ADMIN_INFO_PATH, DRAFTER_INFO_PATH, SCORE_TREES_PATH, SWAP_DRAFTER_PATH
 
 ADMIN = f"Bearer {TINY_ADMIN_KEY}"

@@ -125,7 +125,7 @@ def test_prepare_rejects_unknown_name_and_dtype(tmp_path: Path) -> None:
 def test_tiny_qwen3_fixture_and_cli_resolve_error(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from sglang_specopd.app.cli import _register_subcommands, app
+    from sglang_specopd.app.cli.entry import _register_subcommands, app
 
     # the tiny random targets are a test fixture (tests/_tiny_target.py), not a product command
     assert make_tiny_target(tmp_path / "t", arch="qwen3") == tmp_path / "t"
@@ -147,7 +147,7 @@ SMOL_DIR = Path(os.environ.get("SPECOPD_HOME", Path.home() / ".cache" / "specopd
 @pytest.mark.skipif(not (SMOL_DIR / models.MARKER_NAME).is_file() and os.environ.get("SPECOPD_PREPARE") != "1",
                     reason="SmolLM2 not prepared (run `specopd models prepare smollm2` or set SPECOPD_PREPARE=1)")
 def test_smollm2_prepared_and_idempotent() -> None:
-    cmd = [sys.executable, "-c", "from sglang_specopd.app.cli import main; main()", "models", "prepare", "smollm2"]
+    cmd = [sys.executable, "-c", "from sglang_specopd.app.cli.entry import main; main()", "models", "prepare", "smollm2"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     assert first.returncode == 0, first.stderr

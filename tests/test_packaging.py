@@ -66,7 +66,7 @@ def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 def test_source_configs_reachable_through_the_package() -> None:
     """``sglang_specopd/server_configs`` (what the wheel ships) shows exactly the top-level configs."""
-    from sglang_specopd.app.serve import config_path, shipped_config_names, shipped_configs_dir
+    from sglang_specopd.app.serve.spec import config_path, shipped_config_names, shipped_configs_dir
 
     top = sorted(p.stem for p in (REPO / "server_configs").glob("*.yaml"))
     assert top and shipped_config_names() == top

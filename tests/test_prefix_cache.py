@@ -61,8 +61,8 @@ def test_budget_from_env() -> None:
 
 def test_server_config_sizes_the_cache_through_the_scheduler_env() -> None:
     from sglang_specopd.app.config import ServeConfig
-    from sglang_specopd.app.launch import server_env
-    from sglang_specopd.app.serve import config_path
+    from sglang_specopd.app.launch.process import server_env
+    from sglang_specopd.app.serve.spec import config_path
 
     cpu = ServeConfig.load(config_path("cpu-smollm2"))
     assert cpu.score_trees_prefix_cache_mb == 4096

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from _published_layouts import EXPECTED, HIDDEN, LAYOUTS, TOKENIZER_LEN, VOCAB, layout
-from sglang_specopd.app.drafter_check import check_drafter_report
-from sglang_specopd.wire.drafter_archs import load_drafter_spec, resolve_drafter_config
-from sglang_specopd.wire.drafter_format import DrafterConfigError
-from sglang_specopd.wire.sglang_draft_config import QWEN3_DEFAULTS
+from sglang_specopd.app.drafters.check import check_drafter_report
+from sglang_specopd.wire.drafters.archs import load_drafter_spec, resolve_drafter_config
+from sglang_specopd.wire.drafters.format import DrafterConfigError
+from sglang_specopd.wire.drafters.sglang_dflash import QWEN3_DEFAULTS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -68,8 +68,8 @@ def drafters(qwen_target: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     configs specopd accepts, none for the others (SGLang refuses those before loading weights)."""
     from safetensors.torch import save_file
 
-    from sglang_specopd.wire.drafter_init import init_drafter_tensors
-    from sglang_specopd.wire.drafter_layouts import target_facts
+    from sglang_specopd.wire.drafters.init import init_drafter_tensors
+    from sglang_specopd.wire.drafters.layouts import target_facts
 
     root, facts = tmp_path_factory.mktemp("published"), target_facts(str(qwen_target))
     out = {}
@@ -167,7 +167,7 @@ def test_without_target_only_what_needs_it_is_deferred(drafters: dict[str, Path]
 def test_cli_check_prints_what_sglang_uses(qwen_target: Path, drafters: dict[str, Path]) -> None:
     from typer.testing import CliRunner
 
-    from sglang_specopd.app.cli import _register_subcommands, app
+    from sglang_specopd.app.cli.entry import _register_subcommands, app
 
     _register_subcommands()
     res = CliRunner().invoke(app, ["drafter", "check", str(drafters["specforge_dflash"]), "--target",
@@ -218,7 +218,7 @@ def test_zlab_layout_pushed_and_served(tiny_admin_server, tiny_drafter: Path, tm
     from typer.testing import CliRunner
 
     from conftest import TINY_ADMIN_KEY, TINY_PROMPTS
-    from sglang_specopd.app.cli import _register_subcommands, app
+    from sglang_specopd.app.cli.entry import _register_subcommands, app
 
     srv = tiny_admin_server
     spec = load_drafter_spec(tiny_drafter)
@@ -263,8 +263,9 @@ def test_specopd_serve_validates_published_layouts(qwen_target: Path, drafters: 
     (no dflash_config: block size, layers and mask token all SGLang's defaults) for the tiny Qwen3 target and builds
     its launch; the refused DSpark export fails with SGLang's reason before anything starts."""
     from sglang_specopd.app.config import ServeConfig
-    from sglang_specopd.app.launch import free_port
-    from sglang_specopd.app.serve import DrafterInvalidError, launch_spec
+    from sglang_specopd.app.launch.process import free_port
+    from sglang_specopd.app.serve.choice import DrafterInvalidError
+    from sglang_specopd.app.serve.spec import launch_spec
 
     cfg = ServeConfig(name="tiny-published", target=str(qwen_target), drafter=str(drafters["specforge_dflash"]),
                       block_size=16, device="cpu", dtype="float32", attention_backend="torch_native")

@@ -77,8 +77,8 @@ def test_ship_copies_the_reported_drafter_in_bf16_with_its_record(tmp_path: Path
     from safetensors.torch import load_file
 
     import sglang_specopd.app.models as models
-    import sglang_specopd.app.reference_drafters as refs
-    from sglang_specopd.app.drafter_check import check_drafter
+    import sglang_specopd.app.drafters.reference as refs
+    from sglang_specopd.app.drafters.check import check_drafter
 
     rd = load_benchmark("reference_drafter")
     results, assets = tmp_path / "results", tmp_path / "assets"

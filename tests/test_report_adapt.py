@@ -10,7 +10,7 @@ def _diff(mean, lo, hi, n=48):
 
 
 def test_items_and_headline_rows_agree():
-    from sglang_specopd.app.bench.report_adapt import headline, main_job_item, traffic_shift_item
+    from sglang_specopd.app.bench.report.adapt import headline, main_job_item, traffic_shift_item
 
     mj = {"wall_s": 900.0, "new_domains": ["japanese", "wordsort"], "old_domains": ["coding"],
           "traffic": {"old_minutes": 2, "minutes": 8, "requests": 120, "errors_5xx": 0},
@@ -40,3 +40,35 @@ def test_items_and_headline_rows_agree():
     assert "1.2% of serving throughput" in items["traffic_shift_smollm2_cpu.json"]
     assert "deployed: adapted (candidate interval" in items["main_job_smollm2_cpu.json"]
     assert main_job_item("x", {}) == [] and traffic_shift_item("x", {}) == [] and headline({}) == []
+
+
+def test_main_job_summary_has_every_domains_change_with_its_interval():
+    from pathlib import Path
+
+    from sglang_specopd.app.main_job.run import MainJobConfig
+    from sglang_specopd.app.main_job.report import change_line, summary
+
+    def result(domains, extra):
+        rows = [{"id": f"{d}{i}", "domain": d, "completion_tokens": 10 + (extra if i % 2 else 0) + i % 3,
+                 "verify_steps": 8} for d in domains for i in range(12)]
+        return {"per_request": rows, "per_domain": {d: {"verify_steps": 96} for d in domains}}
+
+    new, old = ("japanese", "wordsort"), ("dialogue", "coding", "math", "agentic")
+    before = {"new": result(new, 0), "old": result(old, 0)}
+    after = {"new": result(new, 4), "old": result(old, 0)}
+    adapted = {"pushes": 0, "deployed_version": "initial", "verdicts": [],
+               "deployed": [{"version": "initial", "step": 0, "t_s": 0.0, "why": "serving at start"}],
+               **{k: 0 for k in ("step", "rollbacks", "push_errors", "candidate_resets", "traffic_tokens_seen",
+                                 "traffic_tokens_trained", "trained_tokens", "train_items", "holdout_items")},
+               "reader": {}, "features": {}, "timings_s": {}, "stopped_by": "max_steps"}
+    res = summary(MainJobConfig(), before=before, after=after, adapted=adapted, served=[],
+                  serving={"version": "initial"}, chat={}, saved=None, timings={}, run_dir=Path("r"),
+                  start_drafter=None)
+    for group, domains in (("new", new), ("old", old)):
+        by = res["paired_change"][group]["by_domain"]
+        assert set(by) == set(domains) and all(set(by[d]) >= {"mean", "ci95"} and len(by[d]["ci95"]) == 2
+                                               for d in domains)
+    assert res["paired_change"]["new"]["by_domain"]["japanese"]["mean"] > 0
+    assert res["paired_change"]["old"]["by_domain"]["coding"]["ci95"] == [0.0, 0.0]
+    assert MainJobConfig().eval_old >= 12  # >= 12 prompts per old domain
+    assert "japanese" in change_line("new domains", res["paired_change"]["new"])

@@ -16,7 +16,7 @@ from typing import Dict, List
 
 import pytest
 
-from sglang_specopd.app.bench.report_readme import BLOCKS
+from sglang_specopd.app.bench.report.readme import BLOCKS
 
 REPO = Path(__file__).resolve().parents[1]
 NUM = re.compile(r"(?<![\d.])[-+]?\d+(?:\.\d+)?")  # "1.3-3.8x": 1.3 and 3.8
@@ -28,7 +28,7 @@ def regenerated(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, str]:
     (run from the repository root, written into a temporary copy)."""
     import os
 
-    from sglang_specopd.app.bench.report import build_report
+    from sglang_specopd.app.bench.report.build import build_report
 
     tmp = tmp_path_factory.mktemp("report")
     shutil.copy(REPO / "README.md", tmp / "README.md")

@@ -20,7 +20,7 @@ def _payload():
 
 
 def test_fleet_item_and_headline_agree():
-    from sglang_specopd.app.bench.report_fleet import FILE, fleet_headline, fleet_item
+    from sglang_specopd.app.bench.report.fleet import FILE, fleet_headline, fleet_item
 
     data = _payload()
     item = fleet_item(FILE, data)[0]
@@ -37,7 +37,7 @@ def test_fleet_item_and_headline_agree():
 
 
 def test_the_headline_takes_the_rerun_when_present():
-    from sglang_specopd.app.bench.report_fleet import FILE, FILES, fleet_headline
+    from sglang_specopd.app.bench.report.fleet import FILE, FILES, fleet_headline
 
     rerun = _payload()
     rerun["scaling"] = [s for s in rerun["scaling"] if s["concurrency"] == 16]

@@ -1,4 +1,4 @@
-"""The rollout's scheduler ops (:mod:`sglang_specopd.server.rollout`) through the control channel's dispatcher
+"""The rollout's scheduler ops (:mod:`sglang_specopd.server.drafter.rollout`) through the control channel's dispatcher
 (:func:`sglang_specopd.server.control.handle_control`: status codes as the HTTP side sees them), on a fake
 scheduler: the swap's validation and install are stand-ins that record what they were given (the real ones run in
 tests/test_fleet_rollout_server.py). Imports SGLang (the control channel's IPC types): ``slow``."""
@@ -18,8 +18,10 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def ops(monkeypatch):
     """``call(op, payload) -> (status, message, reply dict | None)`` and the list of installs done."""
-    from sglang_specopd.server import control, drafter_txn, hot_swap
-    from sglang_specopd.server import rollout  # noqa: F401  (registers the ops)
+    from sglang_specopd.server import control
+    from sglang_specopd.server.drafter import txn as drafter_txn
+    from sglang_specopd.server.drafter import swap as hot_swap
+    from sglang_specopd.server.drafter import rollout  # noqa: F401  (registers the ops)
 
     drafter_txn.reset()
     installs = []

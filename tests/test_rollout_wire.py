@@ -1,5 +1,5 @@
 """The two-phase swap's wire format (:mod:`sglang_specopd.wire.rollout`), the staged-transaction state
-(:mod:`sglang_specopd.server.drafter_txn`) and the scheduler ops (:mod:`sglang_specopd.server.rollout`, with the
+(:mod:`sglang_specopd.server.drafter.txn`) and the scheduler ops (:mod:`sglang_specopd.server.drafter.rollout`, with the
 swap's validation and install replaced by stand-ins: the real ones run in tests/test_fleet_rollout_server.py)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from sglang_specopd.server import drafter_txn
-from sglang_specopd.server.drafter_txn import Staged, TxnConflict
+from sglang_specopd.server.drafter import txn as drafter_txn
+from sglang_specopd.server.drafter.txn import Staged, TxnConflict
 from sglang_specopd.wire.rollout import (
     DEFAULT_STAGE_TTL_S,
     MAX_STAGE_TTL_S,

@@ -1,5 +1,5 @@
 """score_trees' hidden states and context features need the admin key (issue 54, item 5): the auth decision
-(:mod:`sglang_specopd.server.score_auth`), the check inside the route's ``prepare``, the trainer client sending the
+(:mod:`sglang_specopd.server.scoring.auth`), the check inside the route's ``prepare``, the trainer client sending the
 key, and the admin level of ``GET /specopd/traffic/features``. No server: the same route on the shared
 ``tiny_admin_server`` is checked in ``tests/test_score_trees.py``."""
 
@@ -8,10 +8,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from sglang_specopd.server import score_auth
-from sglang_specopd.server.score_admission import prepare
-from sglang_specopd.server.score_auth import ScoreAuthError, checker, decide
-from sglang_specopd.server.score_cost import ScoreSettings, TargetDims
+from sglang_specopd.server.scoring import auth as score_auth
+from sglang_specopd.server.scoring.admission import prepare
+from sglang_specopd.server.scoring.auth import ScoreAuthError, checker, decide
+from sglang_specopd.server.scoring.cost import ScoreSettings, TargetDims
 from sglang_specopd.wire.protocol import ADMIN_KEY_HEADER, ScoreTreesRequest, privileged_parts
 
 REF = {"input_ids": [1, 2, 3, 4, 5], "trees": [{"anchor": 2, "branches": [[6, 7]]}]}
@@ -78,7 +78,7 @@ def test_configure_reads_the_server_args() -> None:
 
 
 def test_client_sends_the_admin_key_only_for_hidden_and_features() -> None:
-    from specopd_trainer.client import ServerRequestError, SpecOPDClient
+    from specopd_trainer.client.http import ServerRequestError, SpecOPDClient
 
     seen = []
 
@@ -99,7 +99,9 @@ def test_traffic_features_and_admin_routes_are_admin_force(monkeypatch) -> None:
     the normal one (its privileged parts are checked in the route)."""
     from sglang.srt.utils.auth import AuthLevel, auth_level
 
-    from sglang_specopd.server import compat, http_guard, routes, rollout_routes
+    from sglang_specopd.server import compat, routes
+    from sglang_specopd.server.drafter import rollout_routes
+    from sglang_specopd.server.http import guard as http_guard
     from sglang_specopd.wire.traffic import TRAFFIC_FEATURES_PATH
 
     class App:

@@ -1,4 +1,4 @@
-"""Tree scoring's Gated DeltaNet (GDN) path, without a server (:mod:`sglang_specopd.server.score_gdn`).
+"""Tree scoring's Gated DeltaNet (GDN) path, without a server (:mod:`sglang_specopd.server.scoring.gdn`).
 
 * the GDN hook's layer function on a real SGLang ``RadixLinearAttention`` over a packed tree row equals the slow
   reference (:func:`specopd_kernels.gdn.gdn_tree_naive`: every node as its own sequence);
@@ -43,8 +43,8 @@ def _model_config(hf_config):
 
 
 def test_gdn_layer_equals_each_node_as_its_own_sequence() -> None:
-    from sglang_specopd.server.score_gdn import gdn_tree_layer
-    from sglang_specopd.server.tree_call import TreeCall
+    from sglang_specopd.server.scoring.gdn import gdn_tree_layer
+    from sglang_specopd.server.scoring.tree_call import TreeCall
 
     params = random_gdn_params(H, HV, DK, DV, W, seed=5)
     layer = _linear_attention(params)
@@ -73,7 +73,7 @@ def test_full_attention_and_hybrid_gdn_targets_are_scorable() -> None:
     from transformers import LlamaConfig
 
     from sglang.srt.configs import Qwen3NextConfig
-    from sglang_specopd.server.score_gdn import unscorable_reason
+    from sglang_specopd.server.scoring.gdn import unscorable_reason
 
     params = random_gdn_params(H, HV, DK, DV, W, seed=1)
     assert unscorable_reason(_model_config(LlamaConfig()), _model(torch.nn.Linear(2, 2))) == ""
@@ -83,7 +83,7 @@ def test_full_attention_and_hybrid_gdn_targets_are_scorable() -> None:
 @pytest.mark.parametrize("kind", ["mamba2", "kda", "gdn without layers", "gdn separate convs", "gdn kda gate"])
 def test_other_recurrent_targets_are_refused_with_the_reason(kind: str) -> None:
     from sglang.srt.configs import KimiLinearConfig, NemotronHConfig, Qwen3NextConfig
-    from sglang_specopd.server.score_gdn import unscorable_reason
+    from sglang_specopd.server.scoring.gdn import unscorable_reason
 
     params = random_gdn_params(H, HV, DK, DV, W, seed=1)
     gdn = _model_config(Qwen3NextConfig())
@@ -105,10 +105,10 @@ def test_other_recurrent_targets_are_refused_with_the_reason(kind: str) -> None:
 
 def test_sparse_attention_targets_are_scorable_and_recognised() -> None:
     """A QSA indexer (Qwen4-Exp) no longer makes a target unscorable: its layers select per tree node
-    (server/score_qsa.py); the GDN checks still apply to the same model's linear-attention layers."""
+    (server/scoring/qsa.py); the GDN checks still apply to the same model's linear-attention layers."""
     from sglang.srt.configs import Qwen3NextConfig
     from sglang.srt.layers.attention.qsa.qsa_indexer import QSAIndexer
-    from sglang_specopd.server.score_gdn import unscorable_reason
+    from sglang_specopd.server.scoring.gdn import unscorable_reason
 
     params = random_gdn_params(H, HV, DK, DV, W, seed=1)
     indexer = QSAIndexer.__new__(QSAIndexer)  # no constructor arguments needed to be recognised
@@ -121,8 +121,8 @@ def test_sparse_attention_targets_are_scorable_and_recognised() -> None:
 
 
 def test_http_side_refuses_an_unscorable_target_before_parsing() -> None:
-    from sglang_specopd.server.score_admission import prepare
-    from sglang_specopd.server.score_cost import ScoreSettings, TargetDims
+    from sglang_specopd.server.scoring.admission import prepare
+    from sglang_specopd.server.scoring.cost import ScoreSettings, TargetDims
     from sglang_specopd.wire.protocol import ScoreTreesError
 
     dims = TargetDims(num_layers=4, hidden=8, intermediate=16, q_heads=2, kv_heads=1, head_dim=4, vocab=100,
@@ -132,7 +132,7 @@ def test_http_side_refuses_an_unscorable_target_before_parsing() -> None:
 
 
 def test_hybrid_cost_ignores_the_piece_budget_and_counts_gdn_states() -> None:
-    from sglang_specopd.server.score_cost import TargetDims, estimate_cost
+    from sglang_specopd.server.scoring.cost import TargetDims, estimate_cost
     from sglang_specopd.wire.protocol import ScoreTreesRequest
 
     req = ScoreTreesRequest(references=[{"input_ids": list(range(5, 1005)),

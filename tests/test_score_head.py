@@ -1,4 +1,4 @@
-"""The score_trees LM head (``sglang_specopd.server.scoring.head_outputs``): per-row top-k log-probs, log-sum-exp
+"""The score_trees LM head (``sglang_specopd.server.scoring.forward.head_outputs``): per-row top-k log-probs, log-sum-exp
 and full log-probs, computed in row blocks, equal the plain formulas (log_softmax over the whole vocabulary)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_specopd.server.scoring import HEAD_ROW_BLOCK, head_outputs
+from sglang_specopd.server.scoring.forward import HEAD_ROW_BLOCK, head_outputs
 from _tp_head_worker import pad_rows, tp_rank
 from sglang_specopd.wire.protocol import ScoreTreesRequest
 
@@ -81,7 +81,7 @@ def test_vocab_sharded_head_over_two_gloo_ranks_matches_unsharded(vocab: int, to
 def test_one_rank_ignores_padding_rows() -> None:
     """A single-rank head with padding rows (SGLang pads the vocabulary to a multiple of 64): only the real ids
     are scored."""
-    from sglang_specopd.server.score_head import VocabShard, shard_head_outputs
+    from sglang_specopd.server.scoring.head import VocabShard, shard_head_outputs
 
     gen = torch.Generator().manual_seed(3)
     h, head = torch.randn(4, 8, generator=gen), torch.randn(10, 8, generator=gen)

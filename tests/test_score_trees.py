@@ -262,7 +262,7 @@ def test_nodes_equal_sglang_generate_logprobs(shared_server: Shared, exactness) 
 
 
 def test_features_do_not_depend_on_trees(shared_server: Shared) -> None:
-    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client.http import SpecOPDClient
 
     rng = random.Random(1)
     V, H = shared_server.vocab_size, shared_server.hidden_size
@@ -315,7 +315,7 @@ def test_binary_request_equals_json(shared_server: Shared, exactness) -> None:
 
 
 def test_client_score_trees(shared_server: Shared, exactness) -> None:
-    from specopd_trainer.client import ServerRequestError, SpecOPDClient
+    from specopd_trainer.client.http import ServerRequestError, SpecOPDClient
 
     req = exactness[0]
     with SpecOPDClient(shared_server.url, retries=0, admin_api_key=ADMIN_KEY) as client:
@@ -334,7 +334,7 @@ def test_client_score_trees(shared_server: Shared, exactness) -> None:
 def test_trie_packed_branches_equal_chain_branches(shared_server: Shared) -> None:
     """SpecOPD's trie packing (shared branch prefixes scored once) gives every branch the rows of its chain form."""
     from specopd_trainer.loops.branch_tree import pack_branches
-    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client.http import SpecOPDClient
 
     gen = torch.Generator().manual_seed(0)
     n_anchors, k, g = 3, 6, 3  # block_size 4: 3 drafted slots, the first 2 tokens of a branch are scored
@@ -361,7 +361,7 @@ def test_trie_packed_branches_equal_chain_branches(shared_server: Shared) -> Non
 def test_root_only_trees_return_their_anchor_rows(shared_server: Shared) -> None:
     """Trees without nodes (SpecOPD root anchors) return exactly the anchor rows a tree with nodes gets, alone or
     mixed with trees that have nodes; rows stay [all anchor rows | nodes in tree order]."""
-    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client.http import SpecOPDClient
 
     gen = torch.Generator().manual_seed(1)
     prefix = torch.randint(5, shared_server.vocab_size, (20,), generator=gen).tolist()
@@ -386,7 +386,7 @@ def test_prefix_cache_hits_equal_full_forwards(shared_server: Shared) -> None:
     """A reference scored again reuses its prefix K/V ("hit": only the tree nodes run through the target) and
     gets the rows a full forward gives: the same trees again, other trees (against a full forward that bypasses
     the cache: a features request), root-only trees (no forward at all); a new prefix is a miss."""
-    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client.http import SpecOPDClient
 
     rng = random.Random(7)
     V = shared_server.vocab_size
@@ -676,7 +676,7 @@ def test_fuzz_score_trees(shared_server: Shared) -> None:
 
 def test_prefix_cache_stats_and_admin_clear(shared_server: Shared) -> None:
     """GET /specopd/prefix_cache counts hits and misses; clearing needs the admin key and empties the cache."""
-    from specopd_trainer.client import ServerRequestError, SpecOPDClient
+    from specopd_trainer.client.http import ServerRequestError, SpecOPDClient
 
     req = ScoreTreesRequest(references=[{"input_ids": list(range(30, 48)), "trees": [{"anchor": 3, "tokens": []}]}],
                             block_size=4, returns=["hidden"])
@@ -699,7 +699,7 @@ def test_prefix_cache_stats_and_admin_clear(shared_server: Shared) -> None:
 def test_prefix_cache_is_cleared_when_the_target_weights_change(shared_server: Shared) -> None:
     """SGLang's own weight update (here: the same target from disk) empties the cache: the next call recomputes.
     Last in the module: it reloads the served target."""
-    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client.http import SpecOPDClient
 
     prefix = list(range(5, 25))
     req = ScoreTreesRequest(references=[{"input_ids": prefix, "trees": [{"anchor": 4, "branches": [[7, 8]]}]}],

@@ -22,9 +22,9 @@ import httpx
 import pytest
 import torch
 
-from sglang_specopd.server.score_admission import parse_body, validation_message
-from sglang_specopd.server.score_chunks import tree_slices
-from sglang_specopd.server.score_cost import (
+from sglang_specopd.server.scoring.admission import parse_body, validation_message
+from sglang_specopd.server.scoring.chunks import tree_slices
+from sglang_specopd.server.scoring.cost import (
     BUDGET_ENV,
     MAX_REQUEST_MB_ENV,
     QUEUE_MAX_ENV,
@@ -34,7 +34,7 @@ from sglang_specopd.server.score_cost import (
     estimate_cost,
     over_limits,
 )
-from sglang_specopd.server.score_line import LineBusy, ScoreLine
+from sglang_specopd.server.scoring.line import LineBusy, ScoreLine
 from sglang_specopd.wire.protocol import (
     BINARY_CONTENT_TYPE,
     QUEUE_WAIT_HEADER,
@@ -75,8 +75,8 @@ def test_settings_round_trip_through_the_environment() -> None:
 
 def test_config_keys_reach_the_server_environment() -> None:
     from sglang_specopd.app.config import ServeConfig
-    from sglang_specopd.app.launch import LaunchSpec, server_env
-    from sglang_specopd.app.serve import shipped_configs_dir
+    from sglang_specopd.app.launch.process import LaunchSpec, server_env
+    from sglang_specopd.app.serve.spec import shipped_configs_dir
 
     cfg = ServeConfig.load(shipped_configs_dir() / "cpu-smollm2.yaml")
     assert (cfg.score_trees_budget_tokens, cfg.score_trees_queue_max, cfg.score_trees_max_request_mb) == (64, 4, 1024)
@@ -86,7 +86,7 @@ def test_config_keys_reach_the_server_environment() -> None:
     env = server_env("cpu", base={}, score=spec.score_settings())
     got = (env[BUDGET_ENV], env[QUEUE_MAX_ENV], env[MAX_REQUEST_MB_ENV], env[QUEUE_WAIT_ENV])
     assert got == ("64", "1", "9", "3.5")
-    from sglang_specopd.app.serve import launch_spec
+    from sglang_specopd.app.serve.spec import launch_spec
 
     assert launch_spec(cfg.model_copy(update={"score_trees_queue_wait_s": 4.0}), port=1).score_queue_wait_s == 4.0
     from pydantic import ValidationError
@@ -310,7 +310,7 @@ class _Replies:
 
 
 def _client(replies, **kw):
-    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client.http import SpecOPDClient
 
     c = SpecOPDClient("http://server", backoff_s=0.0, **kw)
     transport = _Replies(replies)
@@ -319,7 +319,7 @@ def _client(replies, **kw):
 
 
 def test_client_retries_429_honouring_retry_after(monkeypatch) -> None:
-    import specopd_trainer.client as client_mod
+    import specopd_trainer.client.http as client_mod
 
     slept: List[float] = []
     monkeypatch.setattr(client_mod.time, "sleep", slept.append)
@@ -330,8 +330,8 @@ def test_client_retries_429_honouring_retry_after(monkeypatch) -> None:
 
 
 def test_client_gives_up_on_429_with_a_typed_error(monkeypatch) -> None:
-    import specopd_trainer.client as client_mod
-    from specopd_trainer.client import ServerBusyError, ServerRequestError
+    import specopd_trainer.client.http as client_mod
+    from specopd_trainer.client.http import ServerBusyError, ServerRequestError
 
     monkeypatch.setattr(client_mod.time, "sleep", lambda s: None)
     c, t = _client([], busy_retries=3)
@@ -394,7 +394,7 @@ def _score(url: str, req: ScoreTreesRequest):
 
 def _spec(target, drafter, **kw):
     from conftest import tiny_launch_spec
-    from sglang_specopd.app.launch import free_port
+    from sglang_specopd.app.launch.process import free_port
 
     return dataclasses.replace(tiny_launch_spec(target, free_port(), drafter), prefix_cache_mb=32, **kw)
 
@@ -456,7 +456,7 @@ def test_generation_runs_between_pieces_and_waits_are_bounded(budget_server) -> 
     waits at most ``score_trees_queue_wait_s`` and then gets 429 with Retry-After (issue 41: small requests had no
     answer within 15 s while others were scored); one more while that one waits finds the line full (queue_max 1,
     429 at once); the trainer client retries the 429s until it is served."""
-    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client.http import SpecOPDClient
 
     req = _long_request(1024, P=2000, trees=1500)  # 250 prefix chunks + 1125 tree slices: >= 1375 iterations
     done: Dict[str, object] = {}

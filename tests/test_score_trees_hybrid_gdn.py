@@ -2,7 +2,7 @@
 
 One SPECOPD server (the tiny Qwen3-Next target of ``tests/test_serve_hybrid_gdn.py``, fp32, a random block-4
 drafter; its shared ``hybrid_specopd_server``) with a prefix cache and a piece budget configured, both of which a
-hybrid target does not use (:mod:`sglang_specopd.server.score_gdn`: replies say ``prefix_cache: "off"``,
+hybrid target does not use (:mod:`sglang_specopd.server.scoring.gdn`: replies say ``prefix_cache: "off"``,
 references run whole):
 
 * exactness: every anchor row and tree node equals scoring ``prefix[:anchor + 1] + its branch`` as its own

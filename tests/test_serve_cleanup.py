@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_specopd.app.launch_cleanup import (TMPDIR_PREFIX, make_private_tmpdir, remove_shm_files, remove_tree,
+from sglang_specopd.app.launch.cleanup import (TMPDIR_PREFIX, make_private_tmpdir, remove_shm_files, remove_tree,
                                                session_pids, shm_refs_of_session)
 
 LEAKER = """

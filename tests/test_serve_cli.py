@@ -37,7 +37,7 @@ def write_config(path: Path, **fields) -> Path:
 
 
 def free_port() -> int:
-    from sglang_specopd.app.launch import free_port as _free_port
+    from sglang_specopd.app.launch.process import free_port as _free_port
 
     return _free_port()
 
@@ -135,7 +135,7 @@ def test_server_dying_at_startup_is_reported(tmp_path: Path, tiny_target: Path, 
 
 @pytest.mark.parametrize("port", [0, -1, 65536, 99999])
 def test_port_out_of_range_is_a_clear_error(port: int) -> None:
-    from sglang_specopd.app.launch import PortInUseError, ServeError, check_port_free
+    from sglang_specopd.app.launch.process import PortInUseError, ServeError, check_port_free
 
     with pytest.raises(ServeError, match=r"--port must be in 1\.\.65535") as info:
         check_port_free("127.0.0.1", port)

@@ -10,7 +10,7 @@ import yaml
 
 from sglang_specopd.app.config import ConfigError, ServeConfig
 from sglang_specopd.app.cpu_dtype import cpu_has_native_bf16
-from sglang_specopd.app.serve import config_path, launch_spec
+from sglang_specopd.app.serve.spec import config_path, launch_spec
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((REPO / "server_configs").glob("*.yaml"))
@@ -133,7 +133,7 @@ def test_cpu_flags_parse_cpuinfo(tmp_path: Path) -> None:
 
 def test_cpu_configs_build_the_cpu_launch_flags(tiny_target: Path, tiny_drafter: Path) -> None:
     """launch_spec on each shipped CPU config (target/drafter swapped for the tiny ones) gives SGLang's CPU flags."""
-    from sglang_specopd.app.launch import free_port
+    from sglang_specopd.app.launch.process import free_port
 
     cpu_cfgs = [ServeConfig.load(p) for p in SHIPPED if ServeConfig.load(p).device == "cpu"]
     assert cpu_cfgs
@@ -165,9 +165,9 @@ def test_gpu_hybrid_gdn_config_takes_the_gpu_path(tiny_target: Path, tiny_drafte
     forces it), and on CPU ones; still marked unverified, since no GPU with SGLang has run it."""
     import torch
 
-    from sglang_specopd.app.launch import free_port, server_env
+    from sglang_specopd.app.launch.process import free_port, server_env
     from sglang_specopd.server.cpu import STANDIN_DIR
-    from sglang_specopd.server.score_gdn import gdn_tree_replay_fn
+    from sglang_specopd.server.scoring.gdn import gdn_tree_replay_fn
     from specopd_kernels.gdn import gdn_tree_replay, gdn_tree_replay_triton
 
     path = config_path("gpu-qwen3-next-gdn")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sglang_specopd.app.config import ServeConfig
-from sglang_specopd.app.serve import DEFAULT_HOW, choose_drafter
+from sglang_specopd.app.serve.choice import DEFAULT_HOW, choose_drafter
 
 BLOCK = 4  # conftest.TINY_BLOCK_SIZE: the tiny drafter's block size
 
@@ -57,7 +57,7 @@ def test_no_trained_drafter_serves_the_random_default(home: Path, tiny_target: P
 def test_serve_refuses_the_random_default_unless_allowed(home: Path, tiny_target: Path) -> None:
     """`specopd serve` (resolve_drafter): `drafter: default` with no shipped drafter is refused with the key to
     set; with allow_random_drafter: true the random-init drafter is made and served (issue 54)."""
-    from sglang_specopd.app.serve import DrafterInvalidError, resolve_drafter
+    from sglang_specopd.app.serve.choice import DrafterInvalidError, resolve_drafter
 
     with pytest.raises(DrafterInvalidError, match="allow_random_drafter: true"):
         resolve_drafter(_cfg(tiny_target), tiny_target)
@@ -85,7 +85,7 @@ def test_newest_trained_drafter_wins(home: Path, tiny_target: Path, tiny_drafter
 
 def test_trained_drafters_that_do_not_fit_are_skipped(home: Path, tiny_target: Path, tiny_drafter: Path,
                                                       tmp_path: Path) -> None:
-    from sglang_specopd.wire.drafter_init import init_drafter
+    from sglang_specopd.wire.drafters.init import init_drafter
 
     cfg = _cfg(tiny_target)
     sft = _place(tiny_drafter, _sft(home, tiny_target), 1_000_000)
@@ -125,9 +125,9 @@ def test_demo_serves_and_names_the_trained_drafter(home: Path, tiny_target: Path
     import yaml
     from typer.testing import CliRunner
 
-    import sglang_specopd.app.cli_demo  # noqa: F401  (registers `demo` on the app)
-    import sglang_specopd.app.launch as launch
-    from sglang_specopd.app.cli_apps import app
+    import sglang_specopd.app.cli.demo  # noqa: F401  (registers `demo` on the app)
+    import sglang_specopd.app.launch.process as launch
+    from sglang_specopd.app.cli.apps import app
 
     specopd = _place(tiny_drafter, _specopd(home), 2_000_000)
     launched = []
@@ -157,8 +157,8 @@ def test_reference_drafter_is_the_default_until_the_user_trains_one(home: Path, 
     """A shipped reference drafter: `drafter: default` serves it (serve and demo); a drafter the user trained with
     `specopd main` later beats it in the demo; one that does not fit the target, or SPECOPD_REFERENCE_DRAFTERS=off,
     falls back to the random-init default."""
-    from sglang_specopd.app.reference_drafters import reference_drafter, reference_drafter_name
-    from sglang_specopd.app.serve import resolve_drafter
+    from sglang_specopd.app.drafters.reference import reference_drafter, reference_drafter_name
+    from sglang_specopd.app.serve.choice import resolve_drafter
 
     cfg = _cfg(tiny_target)
     ref = _place(tiny_drafter, tmp_path / "reference" / reference_drafter_name(tiny_target, BLOCK), 1_000_000)
@@ -192,8 +192,8 @@ def test_demo_prints_speedup_against_plain_serving_in_the_same_run(home: Path, t
     import yaml
     from typer.testing import CliRunner
 
-    import sglang_specopd.app.cli_demo  # noqa: F401  (registers `demo` on the app)
-    from sglang_specopd.app.cli_apps import app
+    import sglang_specopd.app.cli.demo  # noqa: F401  (registers `demo` on the app)
+    from sglang_specopd.app.cli.apps import app
 
     cfg_file = tmp_path / "demo.yaml"
     cfg_file.write_text(yaml.safe_dump(_cfg(tiny_target, max_total_tokens=4096).model_dump(exclude_defaults=True)))

@@ -59,7 +59,7 @@ def _v2_drafter(target: Path, out: Path, *, strong: bool, seed: int) -> Path:
     """A block-4, 2-layer V2 drafter for ``target`` (``init_drafter(arch="dflash2")``) with the selector and the
     convs on: successor codebook N(0, 1), kernel projections N(0, 0.05). ``strong``: every other matrix x10 too
     (proposals depend on the context; otherwise the residual stream keeps proposing the mask token)."""
-    from sglang_specopd.wire.drafter_init import init_drafter, save_drafter
+    from sglang_specopd.wire.drafters.init import init_drafter, save_drafter
 
     spec = init_drafter(target, out, block_size=TINY_BLOCK_SIZE, num_layers=2, seed=seed, arch="dflash2",
                         options={"selector_top_k": TOP_K, "selector_rank": RANK})
@@ -188,7 +188,7 @@ def test_v2_swap_accepted_and_cross_architecture_refused(v2_server: V2Server) ->
         "dflash": (json.dumps({"path": str(v2_server.dflash), "version": "x"}).encode(),
                    ["DFlashDraftModel", "dflash2", "cannot change the drafter architecture"]),
         "dflash-binary": (swap_payload(*_load(v2_server.dflash), "x"), ["cannot change the drafter architecture"]),
-        # refused by SGLang's own DFlash config parser (sglang_specopd.wire.drafter_layouts mirrors it)
+        # refused by SGLang's own DFlash config parser (sglang_specopd.wire.drafters.layouts mirrors it)
         "no-selector-keys": (swap_payload(no_selector, tensors, "x"), ["selector_rank"]),
     }
     before = v2_server.info()
@@ -204,7 +204,7 @@ def test_v2_swap_accepted_and_cross_architecture_refused(v2_server: V2Server) ->
 
 
 def test_v2_check_refuses_missing_selector_keys(tiny_serving_target: Path, tmp_path: Path) -> None:
-    from sglang_specopd.app.drafter_check import check_drafter
+    from sglang_specopd.app.drafters.check import check_drafter
 
     d = _v2_drafter(tiny_serving_target, tmp_path / "v2", strong=False, seed=0)
     assert check_drafter(d, tiny_serving_target, "dflash2") == []
@@ -223,8 +223,8 @@ def test_serve_resolves_v2_under_specopd_and_a_dspark_drafter_under_specopd_dspa
     DFLASH worker family); with a DSpark drafter the same config launches SPECOPD_DSPARK; naming SPECOPD_DSPARK for
     the V2 drafter is refused before launch, naming the worker it needs."""
     from sglang_specopd.app.config import ServeConfig
-    from sglang_specopd.app.serve import DrafterInvalidError, resolve_drafter, serving_algorithm
-    from sglang_specopd.wire.drafter_init import init_drafter
+    from sglang_specopd.app.serve.choice import DrafterInvalidError, resolve_drafter, serving_algorithm
+    from sglang_specopd.wire.drafters.init import init_drafter
 
     v2 = _v2_drafter(tiny_serving_target, tmp_path / "v2", strong=False, seed=0)
     ds = tmp_path / "ds"
@@ -287,7 +287,7 @@ def test_v2_score_trees_replay_and_a_draft_opd_step(v2_server: V2Server) -> None
 
     from _replay_checks import replay_served_blocks
     from specopd_trainer.algorithms.draft_opd.replay import draft_opd_step, select_blocks
-    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client.http import SpecOPDClient
     from specopd_trainer.drafters.dflash2 import DFlash2Drafter
 
     g = TINY_BLOCK_SIZE - 1

@@ -19,7 +19,7 @@ GPU_CONFIGS = sorted(p.stem for p in (REPO / "server_configs").glob("gpu-*.yaml"
 def _invoke(*args: str):
     from typer.testing import CliRunner
 
-    from sglang_specopd.app.cli import _register_subcommands, app
+    from sglang_specopd.app.cli.entry import _register_subcommands, app
 
     _register_subcommands()
     return CliRunner().invoke(app, ["serve", *args, "--dry-run"])
@@ -138,7 +138,7 @@ def test_drafter_refused_by_sglang_and_block_mismatch(tmp_path: Path) -> None:
 def test_tp_split_rules() -> None:
     """SGLang splits heads and MLP widths over the ranks; KV heads fewer than the ranks are replicated, which
     needs the ranks to be a multiple of them."""
-    from sglang_specopd.app.serve_dry_run import tp_problems, tp_size
+    from sglang_specopd.app.serve.dry_run import tp_problems, tp_size
 
     assert tp_problems({"num_attention_heads": 16, "num_key_value_heads": 2, "intermediate_size": 5120}, 4, "t") == []
     assert tp_problems({"num_attention_heads": 12, "num_key_value_heads": 3}, 4, "t") == [

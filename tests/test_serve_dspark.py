@@ -1,5 +1,5 @@
 """DSpark drafters (``DSparkDraftModel``) served under SPECOPD_DSPARK: SGLang's DSPARK worker plus the plugin's
-traces and hot swap (``sglang_specopd.server.algorithm_dspark``), on the CPU engine (CPU adaptation 16).
+traces and hot swap (``sglang_specopd.server.algorithm.dspark``), on the CPU engine (CPU adaptation 16).
 
 Two servers, one at a time: the plain one (conftest's ``tiny_plain_outputs``: greedy reference outputs, stopped
 before the next starts), then the DSpark server, launched the way ``specopd serve`` launches a config with
@@ -63,7 +63,7 @@ def _dspark_drafter(target: Path, out: Path, seed: int = 0, markov_rank: int = M
     s = ``markov_scale``."""
     from safetensors.torch import load_file
 
-    from sglang_specopd.wire.drafter_init import init_drafter, save_drafter
+    from sglang_specopd.wire.drafters.init import init_drafter, save_drafter
 
     spec = init_drafter(target, out, block_size=TINY_BLOCK_SIZE, num_layers=2, seed=seed, arch="dspark",
                         options={"markov_rank": markov_rank})
@@ -120,9 +120,9 @@ def dspark_server(tiny_plain_outputs, tiny_serving_target: Path, tmp_path_factor
     """Plain reference outputs (conftest's: that server stopped), then the DSpark server as ``specopd serve``
     launches ``speculative_algorithm: SPECOPD`` with a DSpark drafter (admin key, live-traffic spool)."""
     from sglang_specopd.app.config import ServeConfig
-    from sglang_specopd.app.launch import free_port
-    from sglang_specopd.app.serve import launch_spec
-    from sglang_specopd.wire.drafter_init import init_drafter
+    from sglang_specopd.app.launch.process import free_port
+    from sglang_specopd.app.serve.spec import launch_spec
+    from sglang_specopd.wire.drafters.init import init_drafter
 
     root = tmp_path_factory.mktemp("dspark")
     target = tiny_serving_target
@@ -275,7 +275,7 @@ def test_dspark_score_trees_replay_and_a_draft_opd_step(dspark_server: DSparkSer
     (one more ``score_trees`` call): a finite positive loss whose gradient reaches the Markov head."""
     from _replay_checks import replay_served_blocks
     from specopd_trainer.algorithms.draft_opd.replay import draft_opd_step, select_blocks
-    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client.http import SpecOPDClient
 
     dspark_server.serve(dspark_server.drafter, "ds-draft-opd")
     drafter = walker.drafter(dspark_server.drafter)
@@ -479,9 +479,10 @@ def test_serve_picks_specopd_dspark_for_a_dspark_drafter(tiny_serving_target: Pa
     naming it), DSPARK launches SGLang's own worker, both with DSPARK's gamma flag; DFLASH with a DSpark drafter,
     and SPECOPD_DSPARK or DSPARK with a DFlash drafter, are refused before launch, naming what serves it."""
     from sglang_specopd.app.config import ServeConfig
-    from sglang_specopd.app.launch import free_port
-    from sglang_specopd.app.serve import DrafterInvalidError, launch_spec, resolve_drafter, serving_algorithm
-    from sglang_specopd.wire.drafter_init import init_drafter
+    from sglang_specopd.app.launch.process import free_port
+    from sglang_specopd.app.serve.choice import DrafterInvalidError, resolve_drafter, serving_algorithm
+    from sglang_specopd.app.serve.spec import launch_spec
+    from sglang_specopd.wire.drafters.init import init_drafter
 
     ds = _dspark_drafter(tiny_serving_target, tmp_path / "ds")
     dflash = tmp_path / "dflash"

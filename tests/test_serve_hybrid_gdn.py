@@ -1,6 +1,6 @@
 """A real SGLang CPU server on the tiny hybrid Gated DeltaNet target (Qwen3-Next architecture, issue 21 part 2).
 
-The target (:mod:`sglang_specopd.app.tiny_hybrid`: 8 layers, three GDN layers per full-attention layer, GQA,
+The target (:mod:`sglang_specopd.app.tiny.hybrid`: 8 layers, three GDN layers per full-attention layer, GQA,
 SmolLM2's tokenizer, fp32, seed 0) is served plainly with ``--device cpu --attention-backend torch_native`` through
 the plugin's CPU adaptations (the GDN stand-in ops, :mod:`sglang_specopd.server.cpu.hybrid_gdn`). Greedy output ids
 must equal transformers' own greedy generation of the same checkpoint, token for token; then a SPECOPD server with
@@ -58,7 +58,7 @@ def _generate_ids(srv, ids: List[int]) -> dict:
 
 @pytest.fixture(scope="module")
 def plain_responses(hybrid_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Dict[str, dict]:
-    from sglang_specopd.app.launch import free_port
+    from sglang_specopd.app.launch.process import free_port
 
     ids = _prompt_ids(hybrid_target)
     with running_server(_spec(hybrid_target, free_port()), tmp_path_factory.mktemp("logs"), "hybrid-plain") as srv:

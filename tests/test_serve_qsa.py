@@ -1,17 +1,17 @@
 """A real SGLang CPU server on the tiny QSA-GDN target (Qwen4-Exp architecture: Gated DeltaNet + sparse attention
 with a QSA indexer; issue 23 part 2).
 
-The target is ``tiny-qwen4exp-sparse`` (:mod:`sglang_specopd.app.tiny_qsa`: 8 layers, three GDN layers per QSA
+The target is ``tiny-qwen4exp-sparse`` (:mod:`sglang_specopd.app.tiny.qsa`: 8 layers, three GDN layers per QSA
 attention layer, QSA budget 32 in blocks of 4, so a query that sees more than 32 tokens attends to a selection),
 served plainly in fp32 through the plugin's CPU adaptations (the Qwen3.5 stand-in ops, adaptation 13:
 :mod:`sglang_specopd.server.cpu.qwen4_exp`). For prompts in the dense regime (<= 32 tokens) and in the sparse one,
 prefill and decode included, the server's greedy ids must equal transformers' own greedy generation, and its
 prompt log-probs transformers' within 1e-4. SGLang scores the indexer on a bf16 query and bf16 compressed keys
-even on an fp32 server; the reference does the same (:func:`sglang_specopd.app.tiny_qsa.served_index_precision`).
+even on an fp32 server; the reference does the same (:func:`sglang_specopd.app.tiny.qsa.served_index_precision`).
 Scored in fp32 instead, 'sparse-90' selects another block at one query of layer 3 (its 8th and 9th best blocks are
 0.23% apart) and its continuation differs from the fourth token on.
 ``/specopd/score_trees`` scores proposal trees on it (issue 23 part 3: per-node QSA selection,
-:mod:`sglang_specopd.server.score_qsa`): every node's log-probs equal SGLang's own prefill of that node's branch.
+:mod:`sglang_specopd.server.scoring.qsa`): every node's log-probs equal SGLang's own prefill of that node's branch.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def hf_reference(qsa_target: Path) -> Dict[str, dict]:
     prompt's greedy continuation and its prompt log-probs."""
     import torch
 
-    from sglang_specopd.app.tiny_qsa import load_tiny_qwen4exp, served_index_precision
+    from sglang_specopd.app.tiny.qsa import load_tiny_qwen4exp, served_index_precision
 
     model = load_tiny_qwen4exp(qsa_target)
     out = {}
@@ -61,7 +61,7 @@ def hf_reference(qsa_target: Path) -> Dict[str, dict]:
 @pytest.fixture(scope="module")
 def qsa_server(qsa_target: Path, tmp_path_factory: pytest.TempPathFactory):
     """The plain server on the sparse QSA target (fp32, no radix cache)."""
-    from sglang_specopd.app.launch import LaunchSpec, free_port
+    from sglang_specopd.app.launch.process import LaunchSpec, free_port
 
     spec = LaunchSpec(model_path=str(qsa_target), port=free_port(), device="cpu", dtype="float32",
                       attention_backend="torch_native", max_total_tokens=2048, disable_cuda_graph=True,
@@ -184,7 +184,7 @@ def test_score_trees_features_equal_transformers_mixed_attention_inputs(qsa_serv
 
     from support.score_trees import score
 
-    from sglang_specopd.app.tiny_qsa import load_tiny_qwen4exp, served_index_precision
+    from sglang_specopd.app.tiny.qsa import load_tiny_qwen4exp, served_index_precision
 
     ids, layers = _prompts()["sparse-45"], [1, 2, 5]
     body = {"references": [{"input_ids": ids, "trees": [{"anchor": 40, "branches": [[7, 8]]}]}],

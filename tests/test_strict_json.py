@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from sglang_specopd.server.drafter_routes import public_drafter_info, swap_json_problem
+from sglang_specopd.server.drafter.routes import public_drafter_info, swap_json_problem
 from sglang_specopd.wire.strict_json import MAX_JSON_DEPTH, JSONBodyError, loads, nesting_depth
 
 

@@ -1,4 +1,4 @@
-"""The tiny hybrid Gated DeltaNet target (:mod:`sglang_specopd.app.tiny_hybrid`), prepared by
+"""The tiny hybrid Gated DeltaNet target (:mod:`sglang_specopd.app.tiny.hybrid`), prepared by
 ``specopd models prepare tiny-qwen3next``: Qwen3-Next layer pattern, deterministic from its seed, SmolLM2's
 tokenizer, and transformers runs it. Needs the prepared SmolLM2 (skipped otherwise, see conftest)."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sglang_specopd.app import models
-from sglang_specopd.app.tiny_hybrid import LAYER_TYPES, tiny_qwen3next_config
+from sglang_specopd.app.tiny.hybrid import LAYER_TYPES, tiny_qwen3next_config
 
 
 def _home_with_smollm2(tmp_path: Path, smollm2_target: Path) -> Path:

@@ -1,4 +1,4 @@
-"""The tiny QSA-GDN target (:mod:`sglang_specopd.app.tiny_qsa`, Qwen4-Exp architecture), prepared by
+"""The tiny QSA-GDN target (:mod:`sglang_specopd.app.tiny.qsa`, Qwen4-Exp architecture), prepared by
 ``specopd models prepare tiny-qwen4exp[-sparse]``: layer pattern, deterministic from its seed, the checkpoint
 reloads into transformers with the same logits, SGLang's config classes accept it, and the sparse variant really
 selects (its logits equal the dense variant's while a query sees at most ``budget`` tokens, and differ after).
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sglang_specopd.app import models
-from sglang_specopd.app.tiny_qsa import (LAYER_TYPES, QSA_BUDGETS, build_tiny_qwen4exp, load_tiny_qwen4exp,
+from sglang_specopd.app.tiny.qsa import (LAYER_TYPES, QSA_BUDGETS, build_tiny_qwen4exp, load_tiny_qwen4exp,
                                          make_tiny_qwen4exp, tiny_qwen4exp_config)
 
 torch = pytest.importorskip("torch")
@@ -93,4 +93,4 @@ def test_prepare_registers_both_variants() -> None:
     for name, builder in (("tiny-qwen4exp", "build_tiny_qwen4exp"),
                           ("tiny-qwen4exp-sparse", "build_tiny_qwen4exp_sparse")):
         spec = models.GENERATED_MODELS[name]
-        assert (spec.module, spec.builder, spec.base) == ("tiny_qsa", builder, models.SMOLLM2.name)
+        assert (spec.module, spec.builder, spec.base) == ("tiny.qsa", builder, models.SMOLLM2.name)

@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from sglang_specopd.server import traffic
+from sglang_specopd.server.traffic import spool as traffic
 from sglang_specopd.server.traces import check_trace_param, record_verify_step, take_all, take_pending
-from sglang_specopd.server.traffic import (
+from sglang_specopd.server.traffic.spool import (
     OFF_REASON,
     SPOOL_BYTES_ENV,
     TrafficSpool,
@@ -139,8 +139,8 @@ def test_parse_read_query() -> None:
 
 def test_spool_budget_from_the_environment_and_config() -> None:
     from sglang_specopd.app.config import ServeConfig
-    from sglang_specopd.app.launch import LaunchSpec, server_env
-    from sglang_specopd.app.serve import config_path, shipped_config_names
+    from sglang_specopd.app.launch.process import LaunchSpec, server_env
+    from sglang_specopd.app.serve.spec import config_path, shipped_config_names
 
     assert spool_budget_bytes({}) == 0 and spool_budget_bytes({SPOOL_BYTES_ENV: "4096"}) == 4096
     for raw in ("-1", "big"):
@@ -244,7 +244,7 @@ def test_traffic_op_statuses(fresh_spool, monkeypatch) -> None:
 
 def _mock_client(spool: TrafficSpool, admin_key: str = "adm"):
     """A SpecOPDClient whose HTTP goes to the spool through the route's own query parsing (admin key checked)."""
-    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client.http import SpecOPDClient
     from sglang_specopd.wire.traffic import TRAFFIC_PATH, TRAFFIC_PURGE_PATH
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -269,7 +269,7 @@ def _mock_client(spool: TrafficSpool, admin_key: str = "adm"):
 
 
 def test_client_traffic_and_purge_against_the_spool() -> None:
-    from specopd_trainer.client import ServerRequestError
+    from specopd_trainer.client.http import ServerRequestError
 
     spool = TrafficSpool(1 << 20, spool_id="a")
     for i in range(5):

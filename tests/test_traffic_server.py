@@ -34,7 +34,7 @@ def traffic_server(tiny_admin_server: RunningServer) -> RunningServer:
 
 
 def admin_client(srv: RunningServer, key: str = ADMIN_KEY):
-    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client.http import SpecOPDClient
 
     return SpecOPDClient(srv.url, admin_api_key=key, retries=0)
 
@@ -122,7 +122,7 @@ def test_each_item_is_read_once_and_purge_empties_the_spool(traffic_server) -> N
         stats = client.last_traffic.stats
         assert (stats.items, stats.bytes) == (0, 0) and stats.purged >= held
     with admin_client(srv, "wrong") as intruder:
-        from specopd_trainer.client import ServerRequestError
+        from specopd_trainer.client.http import ServerRequestError
 
         with pytest.raises(ServerRequestError) as err:
             intruder.purge_traffic()

@@ -51,7 +51,7 @@ def torchrun_train(args: list) -> "subprocess.CompletedProcess[str]":
 
     env = {k: v for k, v in os.environ.items() if k not in ("SPECOPD_ADMIN_KEY", "SPECOPD_API_KEY")}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "-m", "sglang_specopd.app.cli", "train", *args], env={**env, "OMP_NUM_THREADS": "1"},
+                           "-m", "sglang_specopd.app.cli.entry", "train", *args], env={**env, "OMP_NUM_THREADS": "1"},
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2 rank(s)" in proc.stderr and "Traceback" not in proc.stderr
@@ -176,7 +176,7 @@ def test_bad_input_fails_cleanly(server, tmp_path: Path) -> None:
     res = cli(*bad)
     assert res.exit_code == 2 and "responses.jsonl is missing" in res.stderr
 
-    from sglang_specopd.app.launch import free_port
+    from sglang_specopd.app.launch.process import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
     res = cli(*specopd_args(dead, tmp_path / "run", 2))

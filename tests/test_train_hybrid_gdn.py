@@ -3,7 +3,7 @@
 One SPECOPD server (the tiny Qwen3-Next target of ``tests/test_serve_hybrid_gdn.py``: three GDN layers per
 full-attention layer, fp32; a random block-4 DFlash drafter; an admin key: its shared ``hybrid_specopd_server``,
 serving its start-up drafter when this module starts), driven through the same trainer entry points as the main
-job (:mod:`sglang_specopd.app.main_job`): :func:`specopd_trainer.pipeline.prepare_sequences` (responses generated
+job (:mod:`sglang_specopd.app.main_job.run`): :func:`specopd_trainer.pipeline.prepare_sequences` (responses generated
 by the server, context features from ``/specopd/score_trees`` on the hybrid path), the registry's ``sft`` and
 ``specopd`` algorithms, :func:`specopd_trainer.pipeline.push_drafter`. Checked:
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from sglang_specopd.wire.drafter_format import DrafterSpec, expected_tensors
-from sglang_specopd.wire.drafter_init import init_drafter_tensors, save_drafter
+from sglang_specopd.wire.drafters.format import DrafterSpec, expected_tensors
+from sglang_specopd.wire.drafters.init import init_drafter_tensors, save_drafter
 from specopd_trainer.drafters import UnknownDrafterError, drafter_class_for_checkpoint, get_drafter_class
 from specopd_trainer.drafters.blocks import (
     IGNORE_INDEX,

@@ -203,7 +203,7 @@ def test_what_cannot_run_sharded_is_refused_in_one_line(monkeypatch, tmp_path):
     from pydantic import ValidationError
     from typer.testing import CliRunner
 
-    from sglang_specopd.app.cli import _register_subcommands, app
+    from sglang_specopd.app.cli.entry import _register_subcommands, app
     from specopd_trainer.algorithms.draft_opd import loop as draft_loop
     from specopd_trainer.algorithms.draft_opd.config import DraftOPDConfig
     from specopd_trainer.algorithms.registry import AlgorithmError, ShardingRefusedError

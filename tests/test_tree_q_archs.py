@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from _sft_fixture import ARCHS, tiny_drafter, tiny_sequences
-from sglang_specopd.wire.drafter_dflash2 import DFlash2Spec
-from sglang_specopd.wire.drafter_dspark import DSparkSpec
-from sglang_specopd.wire.drafter_format import DrafterSpec
+from sglang_specopd.wire.drafters.dflash2 import DFlash2Spec
+from sglang_specopd.wire.drafters.dspark import DSparkSpec
+from sglang_specopd.wire.drafters.format import DrafterSpec
 from specopd_trainer.drafters.dflash import DFlashDrafter
 from specopd_trainer.drafters.dflash2 import DFlash2Drafter
 from specopd_trainer.drafters.dspark import DSparkDrafter

@@ -60,8 +60,8 @@ def shipped_reference(config: str):
     """The reference drafter shipped for ``config``'s target and block size (a directory as str), or None."""
     from sglang_specopd.app.config import ServeConfig
     from sglang_specopd.app.models import resolve_target
-    from sglang_specopd.app.reference_drafters import reference_drafter
-    from sglang_specopd.app.serve import config_path
+    from sglang_specopd.app.drafters.reference import reference_drafter
+    from sglang_specopd.app.serve.spec import config_path
 
     cfg = ServeConfig.load(config_path(config))
     found = reference_drafter(resolve_target(cfg.target), cfg.block_size or 8)

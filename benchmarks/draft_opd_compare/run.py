@@ -122,7 +122,7 @@ def setup_of(args, start_sha: str) -> dict:
 
 def main(argv=None) -> int:
     from draft_opd_compare.cli import script_main
-    from sglang_specopd.app.launch import ServeError
+    from sglang_specopd.app.launch.process import ServeError
 
     return script_main("draft_opd_smollm2", argv, parse_args, check_options, run,
                        (CompareError, ArmsError, SetupMismatchError, ServeError))
@@ -171,9 +171,9 @@ def open_session(args, start: Path, run_dir: Path):
 
     from draft_opd_compare.train import Session
     from sglang_specopd.app.config import ServeConfig
-    from sglang_specopd.app.launch import SGLangServer
-    from sglang_specopd.app.serve import config_path, launch_spec
-    from specopd_trainer.client import SpecOPDClient
+    from sglang_specopd.app.launch.process import SGLangServer
+    from sglang_specopd.app.serve.spec import config_path, launch_spec
+    from specopd_trainer.client.http import SpecOPDClient
     from specopd_trainer.drafters.dflash import DFlashDrafter
     from specopd_trainer.pipeline import prepare_sequences, train_split_records
 

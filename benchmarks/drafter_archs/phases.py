@@ -56,8 +56,8 @@ def run_init(ctx: Context, arch: str) -> Dict[str, Any]:
     frozen embedding / LM head excluded) and spec."""
     from safetensors import safe_open
 
-    from sglang_specopd.wire.drafter_archs import load_drafter_spec, spec_as_dict
-    from sglang_specopd.wire.drafter_init import init_drafter
+    from sglang_specopd.wire.drafters.archs import load_drafter_spec, spec_as_dict
+    from sglang_specopd.wire.drafters.init import init_drafter
 
     t0 = time.monotonic()
     out = drafter_dir(ctx.run_dir, arch, "init")
@@ -151,9 +151,9 @@ def run_eval(ctx: Context, arch: str, phase: str, stage: str, url: str) -> Dict[
 def arch_server(ctx: Context, arch: str, stage: str):
     """The architecture's server (``--config``, admin key) started with its ``stage`` drafter; yields (url,
     client); stops it on exit. Log: ``RUN/<arch>/logs/server.log``."""
-    from sglang_specopd.app.launch import SGLangServer, free_port
-    from sglang_specopd.app.serve import launch_spec
-    from specopd_trainer.client import SpecOPDClient
+    from sglang_specopd.app.launch.process import SGLangServer, free_port
+    from sglang_specopd.app.serve.spec import launch_spec
+    from specopd_trainer.client.http import SpecOPDClient
 
     cfg = load_config(ctx.args)
     spec = launch_spec(cfg, port=ctx.args.port or free_port(), drafter=str(drafter_dir(ctx.run_dir, arch, stage)),
@@ -167,9 +167,9 @@ def arch_server(ctx: Context, arch: str, stage: str):
 @contextlib.contextmanager
 def data_server(ctx: Context):
     """A plain server of ``--config``'s target (no drafter) for generating references and fetching features."""
-    from sglang_specopd.app.launch import SGLangServer, free_port
-    from sglang_specopd.app.serve import launch_spec
-    from specopd_trainer.client import SpecOPDClient
+    from sglang_specopd.app.launch.process import SGLangServer, free_port
+    from sglang_specopd.app.serve.spec import launch_spec
+    from specopd_trainer.client.http import SpecOPDClient
 
     cfg = load_config(ctx.args).model_copy(update={"drafter": None, "speculative_algorithm": None})
     spec = launch_spec(cfg, port=ctx.args.port or free_port())
@@ -185,7 +185,7 @@ def load_config(args):
     steps, which the CPU configs set to protect live serving latency (the trainer gets ~2.3x the supervised tokens/s
     at 256 rows, server_configs/cpu-smollm2.yaml). ``bench serve`` launches the config as it is."""
     from sglang_specopd.app.config import ServeConfig
-    from sglang_specopd.app.serve import config_path
+    from sglang_specopd.app.serve.spec import config_path
 
     return ServeConfig.load(config_path(args.config)).model_copy(update={"score_trees_budget_tokens": 0})
 

@@ -148,7 +148,7 @@ def setup_of(args) -> dict:
 def main(argv=None) -> int:
     from draft_opd_compare.cli import script_main
     from draft_opd_compare.store import SetupMismatchError
-    from sglang_specopd.app.launch import ServeError
+    from sglang_specopd.app.launch.process import ServeError
 
     return script_main("drafter_archs_smollm2", argv, parse_args, check_options, run,
                        (CompareError, ArchsError, SetupMismatchError, ServeError))

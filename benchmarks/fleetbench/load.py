@@ -7,7 +7,7 @@ versions of ``meta_info["specopd_drafter_versions"]`` (kept by sglang-router 0.3
 After a failure a loop waits :data:`ERROR_PAUSE_S` before its next request (a dead worker refuses at once; without
 the pause its loop would count thousands of refusals).
 
-:class:`TimedWorker` is the trainer's :class:`~specopd_trainer.fleet_worker.WorkerAdmin` with every rollout call
+:class:`TimedWorker` is the trainer's :class:`~specopd_trainer.fleet.worker.WorkerAdmin` with every rollout call
 timed into a shared event list, and optional one-shot hooks run just before a call (the benchmark kills a worker
 there: ``kill -9`` at its stage or its commit).
 """
@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from specopd_trainer.fleet_worker import VERSIONS_KEY, Step, WorkerAdmin
+from specopd_trainer.fleet.worker import VERSIONS_KEY, Step, WorkerAdmin
 
 ERROR_PAUSE_S = 0.5
 

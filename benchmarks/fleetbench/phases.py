@@ -1,7 +1,7 @@
 """The fleet benchmark's phases against real workers (``benchmarks/fleetbench/run.py`` runs them; numbers in :mod:`.stats`).
 
 * :func:`started_fleet`: ``n`` SPECOPD workers of one config behind sglang-router with the fleet's own supervisor
-  (:class:`sglang_specopd.app.fleet.Fleet`, as ``specopd fleet start``), worker ``i`` pinned to the one core
+  (:class:`sglang_specopd.app.fleet.supervisor.Fleet`, as ``specopd fleet start``), worker ``i`` pinned to the one core
   ``cores[i]`` (``--pin-cores`` would give a lone worker every core: the 1-worker arm must have one core too);
 * :func:`measure_level`: every held-out prompt once through the router with ``c`` requests in flight
   (``specopd bench serve``'s streaming client), every worker's ``/flush_cache`` first;
@@ -29,7 +29,7 @@ Say = Callable[[str], None]
 
 def consecutive_free_ports(n: int) -> int:
     """A port ``p`` with ``p .. p + n - 1`` free now."""
-    from sglang_specopd.app.launch import PortInUseError, check_port_free, free_port
+    from sglang_specopd.app.launch.process import PortInUseError, check_port_free, free_port
 
     for _ in range(200):
         base = free_port()
@@ -48,11 +48,11 @@ def consecutive_free_ports(n: int) -> int:
 def started_fleet(config: str, n: int, cores: Sequence[int], *, drafter: Optional[str], run_dir: Path,
                   admin_key: str, policy: str, router_args: Sequence[str], timeout: float,
                   say: Say) -> Iterator[Any]:
-    """A ready :class:`~sglang_specopd.app.fleet.Fleet` of ``n`` workers (worker ``i`` on core ``cores[i]``); stopped
+    """A ready :class:`~sglang_specopd.app.fleet.supervisor.Fleet` of ``n`` workers (worker ``i`` on core ``cores[i]``); stopped
     (router, then workers, their files removed) on exit."""
-    from sglang_specopd.app.fleet import Fleet
-    from sglang_specopd.app.fleet_plan import FleetOptions
-    from sglang_specopd.app.launch import free_port
+    from sglang_specopd.app.fleet.supervisor import Fleet
+    from sglang_specopd.app.fleet.plan import FleetOptions
+    from sglang_specopd.app.launch.process import free_port
 
     if len(cores) < n:
         raise ValueError(f"{n} workers need {n} cores, got {list(cores)}")
@@ -155,8 +155,8 @@ class Rollouts:
         from safetensors.torch import load_file
 
         from fleetbench.load import TimedWorker
-        from specopd_trainer.fleet_rollout import FleetRollout
-        from specopd_trainer.fleet_worker import DrafterUpdate
+        from specopd_trainer.fleet.rollout import FleetRollout
+        from specopd_trainer.fleet.worker import DrafterUpdate
 
         self.clock, self.prefix, self.n = clock, prefix, 0
         self.events: List[Dict[str, Any]] = []
@@ -176,7 +176,7 @@ class Rollouts:
                                probe_input_ids=list(probe_ids), initial=initial, worker_factory=factory)
 
     def update(self):
-        from specopd_trainer.fleet_worker import DrafterUpdate
+        from specopd_trainer.fleet.worker import DrafterUpdate
 
         self.n += 1
         return DrafterUpdate.from_checkpoint(self.config, self.tensors, f"{self.prefix}-v{self.n}")
@@ -254,7 +254,7 @@ def kill_worker(server, clock: Callable[[], float] = time.monotonic) -> Dict[str
 
 def restart_worker(fleet, index: int, *, timeout: float, log_dir: Path, tag: str) -> Dict[str, Any]:
     """Start worker ``index`` again on its port and cores (the killed one's files removed first)."""
-    from sglang_specopd.app.launch import SGLangServer
+    from sglang_specopd.app.launch.process import SGLangServer
 
     old = fleet.workers[index]
     old.stop(timeout=10)
@@ -302,7 +302,7 @@ def kill_scenario(fleet, rollouts: Rollouts, prompt_ids, *, phase: str, concurre
             say(f"  worker {index} restarted in {rejoin_info['restart_s']:.0f} s, reconciled in "
                 f"{rejoin_info['reconcile_s']:.2f} s: serves {outcome.serving}")
             time.sleep(settle_s)
-    from sglang_specopd.app.fleet_router import router_readiness
+    from sglang_specopd.app.fleet.router import router_readiness
 
     ready = router_readiness(fleet.router_url) or {}
     return stats.fault_entry(

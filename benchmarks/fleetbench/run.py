@@ -1,7 +1,7 @@
 """SPECOPD workers behind sglang-router (issue 39, part 5): SmolLM2 + the shipped drafter on CPU, 1 vs 2 workers.
 
 (a) Throughput. For each worker count of ``--workers`` (default 1, 2) a fleet of that many SPECOPD workers of
-``--config`` (the fleet's own supervisor, :class:`sglang_specopd.app.fleet.Fleet`), worker ``i`` pinned to the one
+``--config`` (the fleet's own supervisor, :class:`sglang_specopd.app.fleet.supervisor.Fleet`), worker ``i`` pinned to the one
 core ``--cores[i]``, behind sglang-router (``--policy``, default round_robin). After an unmeasured warm-up pass, each
 ``--concurrency`` level sends every held-out prompt once (``--limit`` per domain of dialogue, coding, math, agentic:
 the prompts the other benchmarks use, the same for every arm; ``--max-new-tokens``, ignore_eos, greedy) through the
@@ -233,7 +233,7 @@ def main(argv=None) -> int:
     from fleetbench.plot import plot
 
     from sglang_specopd.app.bench.client import RequestParams
-    from sglang_specopd.app.fleet_plan import available_cores
+    from sglang_specopd.app.fleet.plan import available_cores
     from sglang_specopd.app.results import write_result
 
     def say(msg: str) -> None:

@@ -288,9 +288,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     from _tiny_target import make_tiny_target
     from conftest import running_server, tiny_launch_spec
 
-    from sglang_specopd.app.launch import free_port
+    from sglang_specopd.app.launch.process import free_port
     from sglang_specopd.app.results import write_result
-    from sglang_specopd.wire.drafter_init import init_drafter
+    from sglang_specopd.wire.drafters.init import init_drafter
 
     os.environ.update(SERVER_ENV)  # read by the server's HTTP process at launch
     with tempfile.TemporaryDirectory() as tmp:

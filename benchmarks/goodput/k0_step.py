@@ -86,8 +86,8 @@ def k0_step_ratios(config: str, drafter: Optional[str], *, batch_sizes: Sequence
 
     from sglang_specopd.app.bench.runner import load_prompts
     from sglang_specopd.app.config import ServeConfig
-    from sglang_specopd.app.launch import SGLangServer, free_port
-    from sglang_specopd.app.serve import config_path, launch_spec
+    from sglang_specopd.app.launch.process import SGLangServer, free_port
+    from sglang_specopd.app.serve.spec import config_path, launch_spec
 
     cfg = ServeConfig.load(config_path(config))
     arms: Dict[str, Any] = {}

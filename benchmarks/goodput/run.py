@@ -139,8 +139,8 @@ def three_servers(config: str, drafter: Optional[str], arms: Sequence[str] = ARM
     ({arm: BenchServer with role = arm}, the target's directory)."""
     from sglang_specopd.app.bench.runner import BenchServer
     from sglang_specopd.app.config import ServeConfig
-    from sglang_specopd.app.launch import SGLangServer, free_port
-    from sglang_specopd.app.serve import config_path, launch_spec
+    from sglang_specopd.app.launch.process import SGLangServer, free_port
+    from sglang_specopd.app.serve.spec import config_path, launch_spec
 
     cfg = ServeConfig.load(config_path(config))
     if block_size is not None:  # a short-block drafter (issue 42, part 3)

@@ -42,7 +42,7 @@ def serve_config(config: str, drafter: str, spool_mb: float):
     from pydantic import ValidationError
 
     from sglang_specopd.app.config import ConfigError, ServeConfig
-    from sglang_specopd.app.serve import config_path
+    from sglang_specopd.app.serve.spec import config_path
 
     try:
         cfg = ServeConfig.load(config_path(config))
@@ -113,7 +113,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
-    from sglang_specopd.app.launch import ServeError
+    from sglang_specopd.app.launch.process import ServeError
 
     args = parse_args(argv)
     try:
@@ -129,7 +129,7 @@ def run(args) -> int:
     from soak.session import ADMIN_KEY
 
     from sglang_specopd.app.results import write_result
-    from sglang_specopd.app.serve import launch_spec
+    from sglang_specopd.app.serve.spec import launch_spec
 
     check_options(args)
     cfg = serve_config(args.config, args.drafter, args.spool_mb)

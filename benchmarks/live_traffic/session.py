@@ -81,7 +81,7 @@ def run_live(args, cfg, cores) -> Dict[str, Any]:
     """The whole run (see the script's docstring); returns the result payload."""
     from transformers import AutoTokenizer
 
-    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client.http import SpecOPDClient
 
     run_dir = Path(args.run_dir)
     train_dir = run_dir / "train"

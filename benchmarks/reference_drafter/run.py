@@ -9,7 +9,7 @@ Stages (each resumable; run them in order, one at a time, on a quiet machine for
 
 ``collect`` regenerates the corpus of :mod:`specopd_trainer.data.corpus` (every train prompt of the four domains,
 extra T=0.8 samples for dialogue and agentic) at ``--concurrency`` requests in flight per server through
-``--servers`` replicas (:class:`specopd_trainer.client_pool.ClientPool`; on the 2-core CPU machine two 1-thread
+``--servers`` replicas (:class:`specopd_trainer.client.pool.ClientPool`; on the 2-core CPU machine two 1-thread
 replicas decode ~2x one 2-thread server), appends each response to
 ``RUN/data/responses.jsonl`` as it finishes (first importing the responses committed in ``benchmarks/data/
 reference_corpus/`` and afterwards adding a shard of the new ones there: commit it, so a new machine resumes
@@ -70,7 +70,7 @@ class _UntilDeadline:
 def init_drafter_dir(run: Path, target: str, block_size: int = 8) -> Path:
     """The fresh 2-layer DFlash drafter every stage starts from (created once, seed 0): block 8, the shipped one's,
     unless ``block_size`` says otherwise (``drafter-init-b<B>``; issue 42's short-block drafters)."""
-    from sglang_specopd.wire.drafter_init import init_drafter
+    from sglang_specopd.wire.drafters.init import init_drafter
 
     d = run / ("drafter-init" if block_size == 8 else f"drafter-init-b{block_size}")
     if not (d / "model.safetensors").is_file():
@@ -82,12 +82,12 @@ def collect(args) -> int:
     from transformers import AutoTokenizer
 
     from sglang_specopd.app.config import ServeConfig
-    from sglang_specopd.app.launch import SGLangServer
+    from sglang_specopd.app.launch.process import SGLangServer
     from sglang_specopd.app.models import prepare_model
     from sglang_specopd.app.results import write_result
-    from sglang_specopd.app.serve import config_path, launch_spec
-    from specopd_trainer.client import SpecOPDClient
-    from specopd_trainer.client_pool import ClientPool
+    from sglang_specopd.app.serve.spec import config_path, launch_spec
+    from specopd_trainer.client.http import SpecOPDClient
+    from specopd_trainer.client.pool import ClientPool
     from specopd_trainer.collect import chat_prompt_ids, iter_responses, regenerate
     from specopd_trainer.data.corpus import CorpusSpec, corpus_records, corpus_size
     from specopd_trainer.data.snapshot import import_snapshot, write_shard
@@ -263,10 +263,10 @@ def report(args) -> int:
     from transformers import AutoTokenizer
 
     from sglang_specopd.app.config import ServeConfig
-    from sglang_specopd.app.launch import SGLangServer
+    from sglang_specopd.app.launch.process import SGLangServer
     from sglang_specopd.app.models import prepare_model
     from sglang_specopd.app.results import write_result
-    from sglang_specopd.app.serve import config_path, launch_spec
+    from sglang_specopd.app.serve.spec import config_path, launch_spec
     from specopd_trainer.evaluate import evaluate_acceptance
     from specopd_trainer.intervals import acceptance_intervals
 
@@ -326,9 +326,9 @@ def ship(args) -> int:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from sglang_specopd.app.drafter_check import check_drafter
+    from sglang_specopd.app.drafters.check import check_drafter
     from sglang_specopd.app.models import prepare_model
-    from sglang_specopd.app.reference_drafters import ASSETS_DIR, RECORD, reference_drafter_name
+    from sglang_specopd.app.drafters.reference import ASSETS_DIR, RECORD, reference_drafter_name
 
     run = Path(args.run_dir)
     src = Path(args.drafter) if args.drafter else run / "drafter-sft"

@@ -57,8 +57,8 @@ def run_prompts(url: str, prompt_ids, max_new_tokens: int):
 
 def measure(dtype: str, prompt_ids, max_new_tokens: int, port: int):
     from sglang_specopd.app.config import ServeConfig
-    from sglang_specopd.app.launch import SGLangServer
-    from sglang_specopd.app.serve import config_path, launch_spec
+    from sglang_specopd.app.launch.process import SGLangServer
+    from sglang_specopd.app.serve.spec import config_path, launch_spec
 
     res = {}
     for kind, name in (("plain", "cpu-smollm2-plain"), ("specopd", "cpu-smollm2")):

@@ -39,12 +39,12 @@ def main(argv=None) -> int:
     from transformers import AutoTokenizer
 
     from sglang_specopd.app.config import ServeConfig
-    from sglang_specopd.wire.drafter_init import init_drafter
-    from sglang_specopd.app.launch import SGLangServer
+    from sglang_specopd.wire.drafters.init import init_drafter
+    from sglang_specopd.app.launch.process import SGLangServer
     from sglang_specopd.app.models import prepare_model
     from sglang_specopd.app.results import write_result
-    from sglang_specopd.app.serve import config_path, launch_spec
-    from specopd_trainer.client import SpecOPDClient
+    from sglang_specopd.app.serve.spec import config_path, launch_spec
+    from specopd_trainer.client.http import SpecOPDClient
     from specopd_trainer.drafters.dflash import DFlashDrafter
     from specopd_trainer.evaluate import evaluate_acceptance
     from specopd_trainer.loops.common import mean_walk_tau

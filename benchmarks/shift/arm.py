@@ -30,8 +30,8 @@ def run_arm(name: str, algorithm: Optional[str], serve_cfg, target: Path, settin
     """Run arm ``name`` (``algorithm`` None: the static drafter); returns its part of the result."""
     from transformers import AutoTokenizer
 
-    from sglang_specopd.app.launch import SGLangServer, free_port
-    from sglang_specopd.app.serve import launch_spec
+    from sglang_specopd.app.launch.process import SGLangServer, free_port
+    from sglang_specopd.app.serve.spec import launch_spec
     from sglang_specopd.app.traffic_load import ChatLoad, mixed
 
     tok = AutoTokenizer.from_pretrained(str(target))
@@ -93,7 +93,7 @@ def run_arm(name: str, algorithm: Optional[str], serve_cfg, target: Path, settin
 def _adapter(url: str, spec, target: Path, algorithm: str, settings: Dict[str, Any], run_dir: Path):
     from specopd_trainer.adapt.config import AdaptConfig
     from specopd_trainer.adapt.loop import Adapter
-    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client.http import SpecOPDClient
     from specopd_trainer.drafters.registry import drafter_class_for_checkpoint
     from specopd_trainer.pipeline import push_drafter
 

@@ -20,12 +20,12 @@ from .measure import itl_percentiles, load_stats
 
 def _serve(serve_cfg, target: Path, prompts, settings, capture: bool, layer_ids) -> Dict[str, Any]:
     from sglang_specopd.app.config import ServeConfig
-    from sglang_specopd.app.launch import SGLangServer, free_port
-    from sglang_specopd.app.serve import launch_spec
+    from sglang_specopd.app.launch.process import SGLangServer, free_port
+    from sglang_specopd.app.serve.spec import launch_spec
     from sglang_specopd.app.traffic_load import ChatLoad, mixed
     from specopd_trainer.adapt.features import FeatureSource
     from specopd_trainer.adapt.reader import Cursor, ReaderCounts, TrafficReader
-    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client.http import SpecOPDClient
 
     cfg = ServeConfig.model_validate({**serve_cfg.model_dump(),
                                       "traffic_features_mb": serve_cfg.traffic_features_mb if capture else 0})

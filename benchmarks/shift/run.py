@@ -79,7 +79,8 @@ def main(argv=None) -> int:
     from sglang_specopd.app.config import ServeConfig
     from sglang_specopd.app.models import KNOWN_MODELS, prepare_model
     from sglang_specopd.app.results import write_result
-    from sglang_specopd.app.serve import config_path, resolve_drafter
+    from sglang_specopd.app.serve.choice import resolve_drafter
+    from sglang_specopd.app.serve.spec import config_path
     from specopd_trainer.data import domain_split
     from shift.arm import run_arm, say
     from shift.measure import held_out

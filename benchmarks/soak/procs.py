@@ -41,7 +41,7 @@ def parse_cores(text: str) -> Set[int]:
 
 def pin_session(sid: int, cores: Set[int]) -> int:
     """Pin every thread of every process of session ``sid`` to ``cores``; the number of threads pinned."""
-    from sglang_specopd.app.launch_cleanup import session_pids
+    from sglang_specopd.app.launch.cleanup import session_pids
 
     n = 0
     for pid in session_pids(sid):
@@ -149,7 +149,7 @@ class LoadStreams:
 
 def greedy_probes(url: str, prompts: Sequence[BenchPrompt], max_new_tokens: int) -> List[List[int]]:
     """Greedy (T=0) output ids of each prompt, one request at a time (no other traffic should run)."""
-    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client.http import SpecOPDClient
 
     with SpecOPDClient(url) as client:
         return [list(client.generate(list(p.prompt_ids), max_new_tokens=max_new_tokens, temperature=0.0)

@@ -73,7 +73,7 @@ def serve_config(config: str, budget):
     from pydantic import ValidationError
 
     from sglang_specopd.app.config import ConfigError, ServeConfig
-    from sglang_specopd.app.serve import config_path
+    from sglang_specopd.app.serve.spec import config_path
 
     if not budget_key_supported():
         raise SoakError(f"server config key {BUDGET_KEY!r} does not exist in this checkout "

@@ -36,8 +36,8 @@ def say(text: str) -> None:
 @contextmanager
 def pinned_server(cfg, args, cores, log_path: Path):
     """A started server for ``cfg`` on ``cores[0]`` (this process back on ``cores[1]`` afterwards); stopped on exit."""
-    from sglang_specopd.app.launch import SGLangServer
-    from sglang_specopd.app.serve import launch_spec
+    from sglang_specopd.app.launch.process import SGLangServer
+    from sglang_specopd.app.serve.spec import launch_spec
 
     server_cores, client_cores = cores
     os.environ["SPECOPD_CPU_SERVER_THREADS"] = str(len(server_cores) if server_cores else args.server_threads)
@@ -67,7 +67,7 @@ def drafter_info(url: str) -> dict:
 
 def prepare_data(url: str, tok, data_dir: Path, per_domain: int, max_new_tokens: int) -> None:
     """Target responses + context features for the trainer (the server's drafter's layers), cached in data_dir."""
-    from specopd_trainer.client import SpecOPDClient
+    from specopd_trainer.client.http import SpecOPDClient
     from specopd_trainer.pipeline import prepare_sequences
 
     layer_ids = drafter_info(url)["spec"]["target_layer_ids"]

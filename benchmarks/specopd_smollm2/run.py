@@ -102,9 +102,9 @@ def prepare_references(refs_dir: Path, tok, layer_ids, *, offset: int, per_domai
     supervision at anchors of those responses carries almost no signal. Every arm trains on these new prompts.
     """
     from sglang_specopd.app.config import ServeConfig
-    from sglang_specopd.app.launch import SGLangServer
-    from sglang_specopd.app.serve import config_path, launch_spec
-    from specopd_trainer.client import SpecOPDClient
+    from sglang_specopd.app.launch.process import SGLangServer
+    from sglang_specopd.app.serve.spec import config_path, launch_spec
+    from specopd_trainer.client.http import SpecOPDClient
     from specopd_trainer.pipeline import prepare_sequences, train_split_records
 
     plain = ServeConfig.load(config_path("cpu-smollm2-plain"))
@@ -166,12 +166,12 @@ def main(argv=None) -> int:
     from transformers import AutoTokenizer
 
     from sglang_specopd.app.config import ServeConfig
-    from sglang_specopd.app.launch import SGLangServer
+    from sglang_specopd.app.launch.process import SGLangServer
     from sglang_specopd.app.models import prepare_model
     from sglang_specopd.app.results import write_result
     from sglang_specopd.server.sampled_drafts import draft_sampling_mode
-    from sglang_specopd.app.serve import config_path, launch_spec
-    from specopd_trainer.client import SpecOPDClient
+    from sglang_specopd.app.serve.spec import config_path, launch_spec
+    from specopd_trainer.client.http import SpecOPDClient
     from specopd_trainer.collect import iter_responses
     from specopd_trainer.drafters.dflash import DFlashDrafter
     from specopd_trainer.loops.engine import run_training

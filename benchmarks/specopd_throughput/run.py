@@ -80,11 +80,11 @@ def main(argv=None) -> int:
     from transformers import AutoTokenizer
 
     from sglang_specopd.app.config import ServeConfig
-    from sglang_specopd.app.launch import SGLangServer
+    from sglang_specopd.app.launch.process import SGLangServer
     from sglang_specopd.app.models import prepare_model
     from sglang_specopd.app.results import write_result
-    from sglang_specopd.app.serve import config_path, launch_spec
-    from specopd_trainer.client import SpecOPDClient
+    from sglang_specopd.app.serve.spec import config_path, launch_spec
+    from specopd_trainer.client.http import SpecOPDClient
     from specopd_trainer.drafters.dflash import DFlashDrafter
     from specopd_trainer.algorithms.specopd.loop import train_specopd
 

@@ -149,12 +149,12 @@ def exactness_per_tree(tensors, base, anchors, branches) -> list:
 
 
 def head_seconds(rows: int, head_dims, threads: int, repeats: int = 3) -> float:
-    """Best-of-``repeats`` seconds of the score_trees LM head (:func:`sglang_specopd.server.scoring.head_outputs`,
+    """Best-of-``repeats`` seconds of the score_trees LM head (:func:`sglang_specopd.server.scoring.forward.head_outputs`,
     top-k returns, the server's own code) on ``rows`` random fp32 hidden rows (``head_dims`` = (hidden, vocab);
     torch at ``threads`` threads)."""
     import torch
 
-    from sglang_specopd.server.scoring import head_outputs
+    from sglang_specopd.server.scoring.forward import head_outputs
     from sglang_specopd.wire.protocol import ScoreTreesRequest
 
     hidden, vocab = head_dims
@@ -284,10 +284,10 @@ def main(argv=None) -> int:
     from transformers import AutoTokenizer
 
     from sglang_specopd.app.config import ServeConfig
-    from sglang_specopd.app.launch import SGLangServer
+    from sglang_specopd.app.launch.process import SGLangServer
     from sglang_specopd.app.models import resolve_target
     from sglang_specopd.app.results import write_result
-    from sglang_specopd.app.serve import config_path, launch_spec
+    from sglang_specopd.app.serve.spec import config_path, launch_spec
 
     target_dir = resolve_target(args.target)
     hybrid = hybrid_info(target_dir)

@@ -44,35 +44,35 @@ class ServeConfig(BaseModel):
                                      "(sglang_specopd.server.prefix_cache; 0 = off)")
     score_trees_budget_tokens: int = Field(
         default=0, ge=0, description="rows of /specopd/score_trees forward per scheduler iteration, interleaved with "
-                                     "decode steps (sglang_specopd.server.score_queue; 0 = off: a request runs "
+                                     "decode steps (sglang_specopd.server.scoring.queue; 0 = off: a request runs "
                                      "whole between two batches)")
     score_trees_queue_max: int = Field(
         default=4, ge=0, description="score_trees requests that may wait while one is scored (more: HTTP 429)")
     score_trees_max_request_mb: int = Field(
         default=1024, ge=0, description="cap on one score_trees request's estimated peak scheduler memory in MiB "
-                                        "(sglang_specopd.server.score_cost; more: HTTP 413; 0 = no cap)")
+                                        "(sglang_specopd.server.scoring.cost; more: HTTP 413; 0 = no cap)")
     score_trees_queue_wait_s: float = Field(
         default=10.0, ge=0, allow_inf_nan=False,
         description="seconds a score_trees request may wait for the ones ahead of it (sglang_specopd.server."
-                    "score_line; longer, or expected longer: HTTP 429 with Retry-After; 0 = no bound)")
+                    "scoring.line; longer, or expected longer: HTTP 429 with Retry-After; 0 = no bound)")
     traffic_spool_mb: float = Field(
         default=0, ge=0, description="MiB of live-traffic items (prompt + output ids and verify trace of every "
                                      "finished request) the server keeps for training, read and purged with the "
-                                     "admin key (sglang_specopd.server.traffic, docs/live_traffic.md; 0 = off)")
+                                     "admin key (sglang_specopd.server.traffic.spool, docs/live_traffic.md; 0 = off)")
     traffic_features_mb: float = Field(
         default=0, ge=0, description="MiB of the target's context features captured while serving the spooled "
                                      "items (bf16, K x hidden values per token; sglang_specopd.server."
-                                     "traffic_features): a trainer on the traffic then needs no second prefill "
+                                     "traffic.features): a trainer on the traffic then needs no second prefill "
                                      "(0 = off; needs traffic_spool_mb > 0)")
     speculative_policy: Literal["fixed", "goodput"] = Field(
         default="fixed", description="drafts verified per step (SPECOPD with DFlash drafters): fixed = the whole "
                                      "block; goodput = k in 0..block_size-1 chosen before each verify from measured "
-                                     "step costs and live acceptance (sglang_specopd.server.goodput, "
+                                     "step costs and live acceptance (sglang_specopd.server.goodput.policy, "
                                      "docs/goodput.md); GET /specopd/policy shows what it does")
     drafter_max_payload_mb: Optional[float] = Field(
         default=None, gt=0, allow_inf_nan=False,
         description="largest drafter push (POST /specopd/drafter/swap or /stage body, streamed to a temporary file: "
-                    "sglang_specopd.server.drafter_upload; more: HTTP 413 naming this key) in MiB; unset: the "
+                    "sglang_specopd.server.drafter.upload; more: HTTP 413 naming this key) in MiB; unset: the "
                     "payload limit, 64 MiB. A drafter directory the worker can read: push {\"path\": DIR} instead")
     served_model_name: Optional[str] = Field(
         default=None, min_length=1, description="the model id the OpenAI API reports (SGLang's --served-model-name; "

@@ -67,7 +67,7 @@ KNOWN_MODELS: dict[str, PreparableModel] = {SMOLLM2.name: SMOLLM2}
 class GeneratedModel:
     """A target that ``specopd models prepare NAME`` builds deterministically from a seed (random weights), with
     the tokenizer of another prepared model (``base``); ``builder`` names a function of
-    ``sglang_specopd.app.<module>`` (:mod:`~sglang_specopd.app.tiny_hybrid`, :mod:`~sglang_specopd.app.tiny_qsa`)
+    ``sglang_specopd.app.<module>`` (:mod:`~sglang_specopd.app.tiny.hybrid`, :mod:`~sglang_specopd.app.tiny.qsa`)
     called as ``builder(out_dir, base_dir, seed=seed)``."""
 
     name: str
@@ -75,17 +75,17 @@ class GeneratedModel:
     base: str
     seed: int
     builder: str
-    module: str = "tiny_hybrid"
+    module: str = "tiny.hybrid"
 
 
 TINY_QWEN3NEXT = GeneratedModel(name="tiny-qwen3next", dirname="tiny-qwen3next-seed0", base=SMOLLM2.name, seed=0,
                                 builder="build_tiny_qwen3next")
 # Qwen4-Exp (GDN + QSA sparse attention): QSA budget 2048 (dense below 2048 tokens) and 32 (sparse from 33)
 TINY_QWEN4EXP = GeneratedModel(name="tiny-qwen4exp", dirname="tiny-qwen4exp-seed0", base=SMOLLM2.name, seed=0,
-                               builder="build_tiny_qwen4exp", module="tiny_qsa")
+                               builder="build_tiny_qwen4exp", module="tiny.qsa")
 TINY_QWEN4EXP_SPARSE = GeneratedModel(name="tiny-qwen4exp-sparse", dirname="tiny-qwen4exp-sparse-seed0",
                                       base=SMOLLM2.name, seed=0, builder="build_tiny_qwen4exp_sparse",
-                                      module="tiny_qsa")
+                                      module="tiny.qsa")
 GENERATED_MODELS: dict[str, GeneratedModel] = {m.name: m for m in (TINY_QWEN3NEXT, TINY_QWEN4EXP,
                                                                    TINY_QWEN4EXP_SPARSE)}
 

@@ -5,5 +5,5 @@ protocol and the kernels, never the trainer or the app; :mod:`.cpu` is reached o
 (enforced by ``.importlinter``). Every SGLang symbol the plugin reads, subclasses, hooks or patches is named in
 :mod:`.compat` and obtained through it (no other plugin module imports ``sglang``, also enforced by
 ``.importlinter``); ``register()`` first checks that the installed SGLang still has all of them
-(:mod:`.compat_check`).
+(:mod:`.compat.check`).
 """

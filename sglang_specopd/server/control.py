@@ -4,13 +4,13 @@ One request type (:class:`SpecOPDControlReq`, an ``op`` name + opaque bytes) and
 SGLang's own zmq IPC (msgspec structs registered with ``hook_custom_types`` in every process). The HTTP side uses
 a ``FanOutCommunicator`` created by SGLang's tokenizer manager from ``_COMMUNICATOR_SPECS`` (queueing: one op
 in flight at a time); the scheduler runs the op between batches in its event loop, so an op never races a
-forward. Ops: ``drafter_info``, ``swap_drafter`` (:mod:`sglang_specopd.server.hot_swap`), ``stage_drafter``,
-``commit_drafter``, ``abort_drafter``, ``expire_drafter`` (:mod:`sglang_specopd.server.rollout`), ``prefix_cache`` and
-``score_dims`` (:mod:`sglang_specopd.server.scoring`).
+forward. Ops: ``drafter_info``, ``swap_drafter`` (:mod:`sglang_specopd.server.drafter.swap`), ``stage_drafter``,
+``commit_drafter``, ``abort_drafter``, ``expire_drafter`` (:mod:`sglang_specopd.server.drafter.rollout`), ``prefix_cache`` and
+``score_dims`` (:mod:`sglang_specopd.server.scoring.forward`).
 
 Tree scoring has its own request / reply pair (:class:`SpecOPDScoreReq` / :class:`SpecOPDScoreOutput`)
 and its own communicator (``specopd_score``): the scheduler answers it only when the request's last piece has run
-(:mod:`sglang_specopd.server.score_queue`), possibly many iterations later. Replies are matched by type: a score
+(:mod:`sglang_specopd.server.scoring.queue`), possibly many iterations later. Replies are matched by type: a score
 reply can only complete the score communicator's one in-flight call, so a long scoring request never holds up
 the other ops, and the HTTP side shields that call from cancellation (a client that hangs up does not free the
 slot before its reply arrives, so a late reply can never complete the next caller's call).
@@ -23,7 +23,7 @@ import traceback
 from typing import Callable, Dict
 
 from sglang_specopd.server import compat
-from sglang_specopd.server.drafter_txn import TxnConflict
+from sglang_specopd.server import metrics
 
 BaseReq = compat.get("BaseReq")  # SGLang's msgspec IPC struct base
 
@@ -70,7 +70,15 @@ def op(name: str):
 
 
 def handle_control(scheduler, req: SpecOPDControlReq) -> SpecOPDControlOutput:
-    """Run one op in the scheduler: ValueError -> 400, TxnConflict -> 409 (the reason as message), any other
+    """:func:`_handle_control`, its outcome counted (drafter ops: :mod:`sglang_specopd.server.metrics`)."""
+    out = _handle_control(scheduler, req)
+    metrics.record_control_op(req.op, out.status, out.payload, req.payload)
+    return out
+
+
+def _handle_control(scheduler, req: SpecOPDControlReq) -> SpecOPDControlOutput:
+    """Run one op in the scheduler: ValueError -> 400, an exception with a ``control_status``
+    (:class:`~sglang_specopd.server.drafter.txn.TxnConflict`: 409) that status (the reason as message), any other
     exception a 500 reply, never a dead scheduler."""
     fn = _OPS.get(req.op)
     if fn is None:
@@ -79,9 +87,10 @@ def handle_control(scheduler, req: SpecOPDControlReq) -> SpecOPDControlOutput:
         status, message, payload = fn(scheduler, req.payload)
     except ValueError as exc:
         return SpecOPDControlOutput(status=400, message=str(exc))
-    except TxnConflict as exc:  # a rollout transaction op against another transaction's state
-        return SpecOPDControlOutput(status=409, message=str(exc))
     except Exception as exc:  # keep serving: report, do not crash the scheduler
+        status = getattr(exc, "control_status", None)
+        if status is not None:  # drafter.txn.TxnConflict (409): a rollout op against another transaction's state
+            return SpecOPDControlOutput(status=status, message=str(exc))
         logger.error("specopd op %s failed:\n%s", req.op, traceback.format_exc())
         return SpecOPDControlOutput(status=500, message=f"{type(exc).__name__}: {exc}")
     return SpecOPDControlOutput(status=status, message=message, payload=payload)

@@ -2,23 +2,23 @@
 
 ``POST /specopd/drafter/swap`` (admin: SGLang's ADMIN_FORCE level, so ``--admin-api-key`` is required and
 checked by SGLang's own auth middleware), ``POST /specopd/drafter/stage``, ``/commit`` and ``/abort`` (admin, as
-the swap: the two-phase swap of a fleet rollout, :mod:`sglang_specopd.server.rollout_routes`), ``GET /specopd/drafter`` (version, spec and name of the serving drafter,
+the swap: the two-phase swap of a fleet rollout, :mod:`sglang_specopd.server.drafter.rollout_routes`), ``GET /specopd/drafter`` (version, spec and name of the serving drafter,
 no server paths) and ``GET /specopd/drafter/admin`` (admin: the same plus its checkpoint path), in
-:mod:`sglang_specopd.server.drafter_routes`.
+:mod:`sglang_specopd.server.drafter.routes`.
 ``GET /specopd/prefix_cache`` (the score_trees prefix cache's stats) and ``POST /specopd/prefix_cache/clear``
 (admin, as the swap). ``GET /specopd/traffic`` and ``POST /specopd/traffic/purge`` (admin, as the swap): the
-live-traffic spool (:mod:`sglang_specopd.server.traffic`; 404 with the reason when recording is off), and
+live-traffic spool (:mod:`sglang_specopd.server.traffic.spool`; 404 with the reason when recording is off), and
 ``GET /specopd/traffic/features`` (admin): the context features captured while serving those items
-(:mod:`sglang_specopd.server.traffic_features`).
+(:mod:`sglang_specopd.server.traffic.features`).
 
 ``POST /specopd/score_trees`` (normal auth: SGLang's ``--api-key`` when set; ``returns: hidden`` and
-``feature_layer_ids`` need the admin key too, :mod:`sglang_specopd.server.score_auth`): a JSON :class:`ScoreTreesRequest`;
+``feature_layer_ids`` need the admin key too, :mod:`sglang_specopd.server.scoring.auth`): a JSON :class:`ScoreTreesRequest`;
 the reply is ``application/octet-stream`` safetensors bytes (tensors per reference ``ref{i}.*``, JSON header in
 the metadata, decode with :func:`sglang_specopd.wire.protocol.decode_tensors`). Bad input gets HTTP 400/413/422 with a
 reason and the server keeps serving. Payload limit: ``SPECOPD_MAX_PAYLOAD_BYTES`` (default 64 MiB; drafter pushes:
-the server config key ``drafter_max_payload_mb``, :mod:`sglang_specopd.server.drafter_upload`). A full
+the server config key ``drafter_max_payload_mb``, :mod:`sglang_specopd.server.drafter.upload`). A full
 score queue answers 429 with ``Retry-After``; a request over the cost limits 413 with its numbers
-(:mod:`sglang_specopd.server.score_admission`).
+(:mod:`sglang_specopd.server.scoring.admission`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 from fastapi import Request
 
 from sglang_specopd.server import compat
-from sglang_specopd.server.http_errors import error_response
+from sglang_specopd.server.http.errors import error_response
 from sglang_specopd.wire.protocol import (
     DRAFTER_ADMIN_INFO_PATH,
     DRAFTER_INFO_PATH,
@@ -38,15 +38,16 @@ from sglang_specopd.wire.traffic import TRAFFIC_FEATURES_PATH, TRAFFIC_PATH, TRA
 
 
 async def score_trees(request: Request):
-    """Tree scoring (:mod:`sglang_specopd.server.score_admission`: 413 / 429 / 400 checks, then the scheduler)."""
-    from sglang_specopd.server.score_admission import score_trees_route
+    """Tree scoring (:mod:`sglang_specopd.server.scoring.admission`: 413 / 429 / 400 checks, then the scheduler)."""
+    from sglang_specopd.server.metrics.hooks import observe_score_trees
+    from sglang_specopd.server.scoring.admission import line, score_trees_route
 
-    return await score_trees_route(request)
+    return await observe_score_trees(score_trees_route, request, line)  # counted when --enable-metrics
 
 
 async def swap_drafter(request: Request):
-    """Admin: swap the serving drafter's weights (see :mod:`sglang_specopd.server.hot_swap`); 200 JSON or 4xx reason."""
-    from sglang_specopd.server import drafter_routes
+    """Admin: swap the serving drafter's weights (see :mod:`sglang_specopd.server.drafter.swap`); 200 JSON or 4xx reason."""
+    from sglang_specopd.server.drafter import routes as drafter_routes
 
     return await drafter_routes.swap_drafter(request)
 
@@ -66,14 +67,14 @@ async def _json_op(op_name: str, payload: bytes = b""):
 
 async def drafter_info(request: Request):
     """The serving drafter's version, swap count, spec and name (no server paths)."""
-    from sglang_specopd.server import drafter_routes
+    from sglang_specopd.server.drafter import routes as drafter_routes
 
     return await drafter_routes.drafter_info(request)
 
 
 async def drafter_admin_info(request: Request):
     """Admin: :func:`drafter_info` plus the checkpoint's server path."""
-    from sglang_specopd.server import drafter_routes
+    from sglang_specopd.server.drafter import routes as drafter_routes
 
     return await drafter_routes.drafter_admin_info(request)
 
@@ -92,7 +93,7 @@ async def traffic_read(request: Request):
     """Admin: live-traffic items after a cursor (``?after=SEQ&max_items=N&spool_id=ID``); 400 for a bad query."""
     import json
 
-    from sglang_specopd.server.traffic import parse_read_query
+    from sglang_specopd.server.traffic.spool import parse_read_query
 
     try:
         query = parse_read_query(request.query_params)
@@ -103,14 +104,14 @@ async def traffic_read(request: Request):
 
 async def traffic_features_read(request: Request):
     """Admin: the context features captured while serving items ``?seqs=1,2,..&spool_id=ID`` (safetensors bytes,
-    :func:`sglang_specopd.server.traffic_features.features_reply`); 400 for a bad query, 404 when capture is off,
+    :func:`sglang_specopd.server.traffic.features.features_reply`); 400 for a bad query, 404 when capture is off,
     409 for another spool's id."""
     import json
 
     from fastapi.responses import Response
 
     from sglang_specopd.server import control
-    from sglang_specopd.server.traffic_features import parse_seqs
+    from sglang_specopd.server.traffic.features import parse_seqs
 
     try:
         seqs, spool_id = parse_seqs(request.query_params)
@@ -130,8 +131,8 @@ async def traffic_purge(request: Request):
 
 def _add_rollout_routes(app, admin) -> None:
     """``POST /specopd/drafter/stage|commit|abort`` (admin, as the swap): the two-phase swap of a fleet rollout
-    (:mod:`sglang_specopd.server.rollout_routes`); reads ``SPECOPD_STAGE_TTL_S`` now (a bad value stops the start)."""
-    from sglang_specopd.server import rollout_routes
+    (:mod:`sglang_specopd.server.drafter.rollout_routes`); reads ``SPECOPD_STAGE_TTL_S`` now (a bad value stops the start)."""
+    from sglang_specopd.server.drafter import rollout_routes
     from sglang_specopd.wire.rollout import ABORT_DRAFTER_PATH, COMMIT_DRAFTER_PATH, STAGE_DRAFTER_PATH
 
     rollout_routes.configure()
@@ -151,16 +152,19 @@ def _add_rollout_routes(app, admin) -> None:
 
 def add_routes(*args, **kwargs):
     """BEFORE hook for ``http_server.launch_server``: add the plugin's routes to SGLang's app, and guard its
-    connections (:mod:`sglang_specopd.server.http_guard`)."""
-    from sglang_specopd.server import http_guard
+    connections (:mod:`sglang_specopd.server.http.guard`)."""
+    from sglang_specopd.server.http import guard as http_guard
 
-    from sglang_specopd.server import score_auth
+    from sglang_specopd.server.scoring import auth as score_auth
 
     app = compat.get("http_server.app")
     http_guard.install(app)
     server_args = args[0] if args else kwargs.get("server_args")
     score_auth.configure(server_args)
-    from sglang_specopd.server.drafter_upload import drafter_limit
+    from sglang_specopd.server.metrics.hooks import configure_http
+
+    configure_http(server_args)  # the score_trees series (docs/metrics.md), with SGLang's --enable-metrics
+    from sglang_specopd.server.drafter.upload import drafter_limit
 
     drafter_limit()  # a bad SPECOPD_DRAFTER_MAX_PAYLOAD_MB (drafter_max_payload_mb) stops the start with the reason
     auth_level, admin_force = compat.get("auth_level"), compat.get("AuthLevel").ADMIN_FORCE

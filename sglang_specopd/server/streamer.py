@@ -6,15 +6,15 @@ step's records to ``meta_info["specopd_trace"]`` (only for requests that asked) 
 proposed for the request to ``meta_info["specopd_drafter_versions"]`` (always, on speculative servers) and, under the
 goodput policy, the number of drafts each verify step checked to ``meta_info["specopd_verify_k"]``. On a
 server that records live traffic, each finished request is also put into the traffic spool here
-(:func:`sglang_specopd.server.traffic.record_finished`; its trace stays in the scheduler unless the request asked).
+(:func:`sglang_specopd.server.traffic.spool.record_finished`; its trace stays in the scheduler unless the request asked).
 """
 
 from __future__ import annotations
 
-from sglang_specopd.server import compat
+from sglang_specopd.server import compat, metrics
 from sglang_specopd.server.traces import (TRACE_KEY, VERSIONS_KEY, has_pending_verify_k, take_pending,
                                           take_pending_verify_k, take_pending_versions, wants_trace)
-from sglang_specopd.server.traffic import record_finished
+from sglang_specopd.server.traffic.spool import record_finished, spool
 from sglang_specopd.wire.policy import VERIFY_K_KEY
 
 
@@ -33,7 +33,8 @@ def _make_streamer_class():
                 out[TRACE_KEY] = [take_pending(r) for r in reqs]
             if any(has_pending_verify_k(r) for r in reqs):  # the goodput policy's k per verify step
                 out[VERIFY_K_KEY] = [take_pending_verify_k(r) for r in reqs]
-            record_finished(reqs)
+            if record_finished(reqs):
+                metrics.set_spool_bytes(spool().bytes)  # the spool's gauge (docs/metrics.md)
             return out
 
     return SpecOPDOutputStreamer

@@ -1,5 +1,5 @@
 """What target a worker serves, for ``GET /specopd/drafter`` (``target``): a trainer driving several workers checks
-they all serve the same one (:mod:`specopd_trainer.fleet_check`).
+they all serve the same one (:mod:`specopd_trainer.fleet.check`).
 
 ``{"fingerprint": str, "dtype": str}``: :func:`sglang_specopd.wire.target_fingerprint.target_fingerprint` of the
 scheduler's ``server_args.model_path`` (computed once per path, in the scheduler process, at the first

@@ -9,15 +9,15 @@ refused with HTTP 400 by :func:`check_trace_param`). Each verify step then appen
      "proposed": [int, ...],  # the drafter's block_size - 1 proposed token ids for positions anchor+1 ...
      "accepted": int,         # how many leading proposals the target accepted (0 .. block_size - 1)
      "drafter_version": str,  # version of the drafter whose weights proposed this block ("initial" until the
-                              # first hot swap; sglang_specopd.server.hot_swap)
+                              # first hot swap; sglang_specopd.server.drafter.swap)
      "verified": int}         # only when the speculative policy verified fewer than block_size - 1 proposals:
-                              # how many leading proposals the target checked (server/goodput_step.py)
+                              # how many leading proposals the target checked (server/goodput/step.py)
 
 A step that verified no proposal (the goodput policy's k = 0: a plain decode step) adds no record.
 
 Tokens emitted by that verify step = accepted + 1 (the bonus token). SGLang itself reports the request's mean
 acceptance length (``spec_accept_length``) and verify count (``spec_verify_ct``) in ``meta_info`` always.
-When the server records live traffic (:mod:`sglang_specopd.server.traffic`), every request's records are also kept
+When the server records live traffic (:mod:`sglang_specopd.server.traffic.spool`), every request's records are also kept
 in the scheduler (:func:`take_all`) for the traffic spool; they reach ``meta_info`` only for requests that asked.
 Pure Python, no torch import: the scheduler hands lists in.
 """

@@ -2,7 +2,7 @@
 
 ``speculative_policy: fixed`` (SGLang's DFlash behaviour: every step verifies the whole block of
 ``block_size - 1`` drafts) or ``goodput`` (before each verify the worker picks k in 0..block_size-1 drafts to
-verify, maximising expected emitted tokens per second of step time; :mod:`sglang_specopd.server.goodput`). The
+verify, maximising expected emitted tokens per second of step time; :mod:`sglang_specopd.server.goodput.policy`). The
 server config's ``speculative_policy`` reaches every server process as :data:`POLICY_ENV` (JSON of
 :class:`PolicySettings`); ``GET /specopd/policy`` returns :class:`PolicyStats`, and ``POST /specopd/policy``
 (admin key) replaces the settings of a running server (its estimates start again). Strict pydantic models.
@@ -37,10 +37,10 @@ class PolicySettings(BaseModel):
         prior_weight: pseudo-observations of the server-wide estimate in each request's estimate.
         request_half_life: verify observations after which a request's old observations weigh half.
         global_half_life: the same for the server-wide estimate.
-        class_half_life: the same for a request class's estimate (greedy / sampled; server/goodput.py).
+        class_half_life: the same for a request class's estimate (greedy / sampled; server/goodput/policy.py).
         cost_half_life: measurements after which an old step-time measurement weighs half.
         plain_k0: a k = 0 step runs as SGLang's plain decode (no verify layout, no drafter K/V write; the drafter's
-            context is caught up when drafting resumes: server/goodput_plain.py); false: through the verify path
+            context is caught up when drafting resumes: server/goodput/plain.py); false: through the verify path
             with one row per request (the behaviour before issue 53, kept for A/B measurements).
         catch_up_every: with ``plain_k0``, a plain step after which a request holds that many positions without
             drafter context catches its batch up in the same step (bounds the hidden states kept per request).

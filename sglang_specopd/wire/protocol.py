@@ -27,7 +27,7 @@ BINARY_CONTENT_TYPE = "application/octet-stream"
 QUEUE_WAIT_HEADER = "X-SpecOPD-Queue-Wait-S"
 # Request header of score_trees: the admin key, for a request that asks for the target's hidden states or context
 # features (admin-only: a model-extraction channel otherwise). A header of its own, because ``Authorization`` must
-# carry SGLang's ``--api-key`` on a server that has one (sglang_specopd.server.score_auth).
+# carry SGLang's ``--api-key`` on a server that has one (sglang_specopd.server.scoring.auth).
 ADMIN_KEY_HEADER = "X-SpecOPD-Admin-Key"
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 2**20
 # Per score_trees request, over all its references (HTTP 413 beyond; the server's memory cap,

@@ -3,7 +3,7 @@
 A trainer that talks to several workers (a fleet) must not mix their answers unless every worker serves the same
 target (score_trees log-probs, context features, served traffic). Each worker reports
 :func:`target_fingerprint` of its ``model_path`` in ``GET /specopd/drafter`` (``target.fingerprint``); the trainer
-refuses a fleet whose workers disagree (:mod:`specopd_trainer.fleet_check`).
+refuses a fleet whose workers disagree (:mod:`specopd_trainer.fleet.check`).
 
 The fingerprint is ``"sha256:<64 hex>"`` over, in this order:
 

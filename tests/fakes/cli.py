@@ -13,7 +13,7 @@ def specopd_cli(*args: str):
     """``specopd ARGS``; asserts no traceback in the output."""
     from typer.testing import CliRunner
 
-    from sglang_specopd.app.cli import _register_subcommands, app
+    from sglang_specopd.app.cli.entry import _register_subcommands, app
 
     _register_subcommands()
     res = CliRunner().invoke(app, list(args), env={"SPECOPD_ADMIN_KEY": None, "SPECOPD_API_KEY": None,
@@ -26,7 +26,7 @@ def train_cli(*args: str):
     """``specopd train ARGS`` (default terminal width); asserts no traceback in the output."""
     from typer.testing import CliRunner
 
-    from sglang_specopd.app.cli import _register_subcommands, app
+    from sglang_specopd.app.cli.entry import _register_subcommands, app
 
     _register_subcommands()
     res = CliRunner().invoke(app, ["train", *args], env={"SPECOPD_ADMIN_KEY": None, "SPECOPD_API_KEY": None})

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from sglang_specopd.wire.drafter_archs import DrafterArch
-from sglang_specopd.wire.drafter_format import DrafterConfigError
+from sglang_specopd.wire.drafters.archs import DrafterArch
+from sglang_specopd.wire.drafters.format import DrafterConfigError
 
 
 @dataclass(frozen=True)

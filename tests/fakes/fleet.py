@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Dict, Optional
 
-from specopd_trainer.fleet_worker import Step, WorkerAdmin
+from specopd_trainer.fleet.worker import Step, WorkerAdmin
 
 
 DOWN = Step(False, error="GET/POST failed after 3 attempts: connection refused")

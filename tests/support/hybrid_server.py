@@ -20,7 +20,7 @@ HYBRID_ADMIN_KEY = "hybrid-admin"
 
 
 def hybrid_launch_spec(target: Path, port: int, drafter: Path | None = None):
-    from sglang_specopd.app.launch import LaunchSpec
+    from sglang_specopd.app.launch.process import LaunchSpec
 
     return LaunchSpec(
         model_path=str(target), port=port, device="cpu", dtype="float32", attention_backend="torch_native",
@@ -38,8 +38,8 @@ def hybrid_specopd_server(request, shared_servers_guard, hybrid_target: Path,
     test_score_trees_hybrid_gdn.py and test_train_hybrid_gdn.py: one shared server (tests/_servers.py), serving its
     start-up drafter when a module starts; ``extra["drafter"]``: that drafter's directory."""
     from _servers import lend, start_specopd
-    from sglang_specopd.app.launch import free_port
-    from sglang_specopd.wire.drafter_init import init_drafter
+    from sglang_specopd.app.launch.process import free_port
+    from sglang_specopd.wire.drafters.init import init_drafter
 
     def start(stack):
         drafter = tmp_path_factory.mktemp("hybrid-drafter") / "drafter"

@@ -14,7 +14,7 @@ BLOCK_SIZE = 8
 
 
 def strong_drafter(target: Path, out: Path):
-    from sglang_specopd.wire.drafter_init import init_drafter, init_drafter_tensors, save_drafter
+    from sglang_specopd.wire.drafters.init import init_drafter, init_drafter_tensors, save_drafter
 
     spec = init_drafter(target, out, block_size=BLOCK_SIZE, num_layers=2, seed=1, target_layer_ids=[0, 2])
     g = torch.Generator().manual_seed(5)
@@ -31,7 +31,7 @@ def parity_server(request, shared_servers_guard, tiny_target: Path, tmp_path_fac
     ``spec.drafter_path``."""
     from _servers import lend, start_specopd
     from conftest import tiny_launch_spec
-    from sglang_specopd.app.launch import free_port
+    from sglang_specopd.app.launch.process import free_port
 
     def start(stack):
         root = tmp_path_factory.mktemp("parity")

@@ -21,8 +21,8 @@ def qsa_specopd_server(request, shared_servers_guard, qsa_target: Path, tmp_path
     and :data:`QSA_ADMIN_KEY`: one server shared by test_serve_qsa.py and test_train_qsa.py (tests/_servers.py);
     ``extra["drafter"]``: the start-up drafter's directory."""
     from _servers import lend, start_specopd
-    from sglang_specopd.app.launch import LaunchSpec, free_port
-    from sglang_specopd.wire.drafter_init import init_drafter
+    from sglang_specopd.app.launch.process import LaunchSpec, free_port
+    from sglang_specopd.wire.drafters.init import init_drafter
 
     def start(stack):
         drafter = tmp_path_factory.mktemp("qsa-drafter") / "drafter"

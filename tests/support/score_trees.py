@@ -64,8 +64,8 @@ def make_scaled_drafter(drafter: Path, out: Path, seed: int = 123) -> Path:
     """Copy of ``drafter`` with every matrix x10 and every norm vector random in [0.5, 1.5]."""
     from safetensors.torch import load_file
 
-    from sglang_specopd.wire.drafter_format import read_drafter_spec
-    from sglang_specopd.wire.drafter_init import save_drafter
+    from sglang_specopd.wire.drafters.format import read_drafter_spec
+    from sglang_specopd.wire.drafters.init import save_drafter
 
     gen = torch.Generator().manual_seed(seed)
     tensors = load_file(str(drafter / "model.safetensors"))

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
-from specopd_trainer.client import ServerError, ServerRequestError, SpecOPDClient
+from specopd_trainer.client.http import ServerError, ServerRequestError, SpecOPDClient
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from specopd_trainer.client import ServerError, SpecOPDClient
+from specopd_trainer.client.http import ServerError, SpecOPDClient
 from specopd_trainer.collect import chat_prompt_ids
 
 DOMAINS = ("dialogue", "coding", "math", "agentic")

@@ -56,7 +56,7 @@ def split_holdout(seqs: List) -> Tuple[List, List]:
 def push_drafter(url: str, drafter, version: str, admin_api_key: str, timeout: float = 300.0) -> dict:
     """Hot-swap ``drafter`` into the server at ``url`` (admin route; safetensors body with a checksum).
 
-    Raises ``specopd_trainer.client.ServerRequestError`` when the server refuses (the old drafter keeps serving).
+    Raises ``specopd_trainer.client.http.ServerRequestError`` when the server refuses (the old drafter keeps serving).
     """
     return push_checkpoint(url, drafter.checkpoint_config(), drafter.checkpoint_tensors(), version, admin_api_key,
                            timeout)
@@ -68,13 +68,13 @@ def push_checkpoint(url: str, config: dict, tensors: dict, version: str, admin_a
     (``POST /specopd/drafter/swap``, the body of :func:`sglang_specopd.wire.protocol.swap_payload`); the server
     validates it all-or-nothing. Returns the server's reply ``{version, previous_version, swaps, cache_flushed}``.
 
-    Raises ``specopd_trainer.client.ServerRequestError`` (status, reason) when the server refuses (the old drafter
+    Raises ``specopd_trainer.client.http.ServerRequestError`` (status, reason) when the server refuses (the old drafter
     keeps serving); ``httpx.HTTPError`` when it cannot be reached.
     """
     import httpx
 
     from sglang_specopd.wire.protocol import SWAP_DRAFTER_PATH, swap_payload
-    from specopd_trainer.client import ServerRequestError
+    from specopd_trainer.client.http import ServerRequestError
 
     body = swap_payload(config, tensors, version)
     r = httpx.post(url.rstrip("/") + SWAP_DRAFTER_PATH, content=body, timeout=timeout,

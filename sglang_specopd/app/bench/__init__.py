@@ -6,10 +6,10 @@
   acceptance length and histogram) from the raw records, SGLang ``bench_serving`` conventions.
 - :mod:`~sglang_specopd.app.bench.runner`: held-out prompts, warm-up, cache flush, the levels against both servers,
   servers launched from a config when asked.
-- :mod:`~sglang_specopd.app.bench.report`: every result file in ``benchmarks/results/`` -> ``benchmarks/REPORT.md``
+- :mod:`~sglang_specopd.app.bench.report.build`: every result file in ``benchmarks/results/`` -> ``benchmarks/REPORT.md``
   + PNG plots (+ the table in the README between markers).
 
-Used by ``specopd bench serve`` and ``specopd bench report`` (``sglang_specopd/app/cli_bench.py``).
+Used by ``specopd bench serve`` and ``specopd bench report`` (``sglang_specopd/app/cli/bench.py``).
 """
 
 from __future__ import annotations

@@ -223,9 +223,9 @@ def launched_servers(config: str, *, drafter: Optional[str] = None, baseline: bo
     :class:`BenchError` (the config runs no drafter).
     """
     from sglang_specopd.app.config import ServeConfig
-    from sglang_specopd.app.launch import SGLangServer, ServeError, free_port, server_env
+    from sglang_specopd.app.launch.process import SGLangServer, ServeError, free_port, server_env
     from sglang_specopd.app.models import ModelsError, resolve_target
-    from sglang_specopd.app.serve import config_path, launch_spec
+    from sglang_specopd.app.serve.spec import config_path, launch_spec
 
     cfg = ServeConfig.load(config_path(config))
     if cfg.speculative_algorithm is None or (cfg.drafter is None and drafter is None):

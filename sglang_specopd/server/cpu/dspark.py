@@ -2,7 +2,7 @@
 
 SGLang 0.5.23 serves a DSpark drafter with ``--speculative-algorithm DSPARK``
 (``speculative/dspark_components/dspark_worker_v2.DSparkWorkerV2``); the plugin's ``SPECOPD_DSPARK``
-(:mod:`sglang_specopd.server.algorithm_dspark`: that worker plus traces and hot swap) resolves its arguments with the
+(:mod:`sglang_specopd.server.algorithm.dspark`: that worker plus traces and hot swap) resolves its arguments with the
 same ``_handle_dspark``, so everything below applies to it too. On that path two pieces refuse a CPU-only machine,
 and they are replaced here for the CPU device only (on GPU the hooks call SGLang's code as is):
 

@@ -4,8 +4,8 @@ A long-running loop against one live SPECOPD server with the live-traffic spool 
 ``traffic_features_mb > 0`` also hands over the target's context features captured while serving):
 
 1. :mod:`.reader` pages through the spool with a persisted cursor, validates every item on its own (a malformed or
-   truncated item is counted and skipped) and holds out every ``holdout_every``-th request (by its spool ``seq``:
-   the server's finishing order) -- those are never trained on;
+   truncated item is counted and skipped) and holds out ~1/``holdout_every`` of the prompts (by a hash of the
+   prompt, :mod:`.slices`: a repeated prompt is never both held out and trained on);
 2. :mod:`.features` gives each item its context features: the rows captured while serving (one cached score_trees
    call per distinct radix-cached prefix fills the rows SGLang did not recompute), else one features-only
    ``score_trees`` call (the second pass; counted);

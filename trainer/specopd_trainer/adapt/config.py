@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, Literal, Optional
+from typing import Dict, Literal, Optional, Tuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -16,10 +16,21 @@ class AdaptConfig(BaseModel):
                                                       "(one with an adapt step: sft, specopd, draft-opd)")
     algorithm_options: Dict[str, object] = Field(
         default_factory=dict, description="overrides of that algorithm's config fields (CLI: --set key=value)")
-    holdout_every: int = Field(default=4, ge=2, description="every k-th served request (spool seq divisible by k) is "
-                                                            "held out: never trained on, used to judge candidates")
+    holdout_every: int = Field(default=4, ge=2, description="~1/k of the distinct prompts (a hash of the prompt's "
+                                                            "ids divisible by k) are held out: never trained on, "
+                                                            "used to judge candidates")
     min_holdout: int = Field(default=12, ge=2, description="held-out requests needed before a candidate is judged")
     holdout_window: int = Field(default=48, ge=2, description="judge on the newest N held-out requests")
+    holdout_per_slice: int = Field(default=32, ge=2, description="held-out requests kept per slice of the traffic "
+                                                                 "(oldest of that slice dropped): old slices keep "
+                                                                 "their held-out size after a shift")
+    slice_prefix_tokens: int = Field(default=4, ge=1, description="a slice is a hash of the prompt's first K tokens "
+                                                                  "after the chat template's header")
+    slice_header: Tuple[int, ...] = Field(default=(), description="the chat template's fixed header (token ids); "
+                                                                  "empty: the majority prefix of the first page read")
+    slice_min_seen: int = Field(default=4, ge=1, description="a prefix becomes its own slice once seen this often "
+                                                             "(before: the shared slice 'other')")
+    max_slices: int = Field(default=32, ge=1, description="at most this many slices (the rest: 'other')")
     holdout_older: int = Field(default=48, ge=0, description="also on up to N older held-out requests, spread over "
                                                              "the run: a candidate measured worse there (interval "
                                                              "below 0) is not deployed (0: newest only)")
@@ -29,6 +40,12 @@ class AdaptConfig(BaseModel):
     deploy_rule: Literal["ci", "mean"] = Field(
         default="ci", description="ci: push only when the paired 95% interval of (candidate - deployed) held-out "
                                   "tau lies above min_gain; mean: when the mean difference does")
+    guard_min_slice_items: int = Field(default=8, ge=2, description="a slice with at least this many held-out "
+                                                                     "requests is judged on its own (fewer: "
+                                                                     "reported as not judged)")
+    guard_margin: float = Field(default=0.02, ge=0, description="non-inferiority margin (tau) per slice: the "
+                                                                "candidate's paired 95% lower bound of (candidate "
+                                                                "- deployed) must be above -margin")
     min_gain: float = Field(default=0.0, ge=0, description="the tau gain (tokens per verify) the rule must clear")
     rollback: bool = Field(default=True, description="push the previous drafter back when the deployed one measures "
                                                      "worse than it on the held-out slice (interval below 0)")
@@ -37,6 +54,10 @@ class AdaptConfig(BaseModel):
                                                                 "the start drafter's predictions where it proposed the "
                                                                 "served token (not forgetting what it served well; 0 = "
                                                                 "off)")
+    rehearsal: float = Field(default=0.25, ge=0, le=0.9, description="share of every training step's requests "
+                                                                     "drawn from the rehearsal buffer (older traffic, "
+                                                                     "evenly over its slices), every algorithm")
+    rehearsal_per_slice: int = Field(default=64, ge=1, description="rehearsal requests kept per slice (newest)")
     warmup_steps: int = Field(default=10, ge=0, description="linear LR warmup steps")
     weight_decay: float = Field(default=0.0, ge=0)
     grad_clip: float = Field(default=1.0, gt=0)

@@ -2,7 +2,7 @@
 features-only ``score_trees`` call (the second pass).
 
 A server started with ``traffic_features_mb > 0`` keeps, beside each spooled item, the target's hidden rows at the
-drafter's ``target_layer_ids`` for positions ``start .. len - 2`` (``sglang_specopd.server.traffic_features``):
+drafter's ``target_layer_ids`` for positions ``start .. len - 2`` (``sglang_specopd.server.traffic.features``):
 ``start`` > 0 when SGLang's radix cache served a prefix (a shared system prompt, a repeated question) whose rows an
 earlier request computed. Those rows are the same for every request with that prefix (causal attention): they are
 copied from a recent item that shares the prefix (the request that put it in the radix cache, usually; the last
@@ -95,7 +95,7 @@ class FeatureSource:
         return out
 
     def _served(self, items: List[ServedItem], spool_id: str) -> Dict[str, Tuple[int, torch.Tensor]]:
-        from specopd_trainer.client import ServerRequestError, ServerUnavailableError
+        from specopd_trainer.client.http import ServerRequestError, ServerUnavailableError
 
         if self._server_captures is False:
             return {}

@@ -1,12 +1,12 @@
 """Reading every worker's traffic spool for ``specopd adapt`` against a fleet: one cursor per worker.
 
 :class:`FleetTrafficReader` keeps one :class:`~specopd_trainer.adapt.reader.TrafficReader` per worker of a
-:class:`~specopd_trainer.fleet_client.FleetClient`, each with its own :class:`~specopd_trainer.adapt.reader.Cursor`
+:class:`~specopd_trainer.fleet.client.FleetClient`, each with its own :class:`~specopd_trainer.adapt.reader.Cursor`
 (held in the adapter's state by worker URL, so a run resumes every worker's spool exactly where its last checkpoint
 left it) and the shared counters. One :meth:`read` reads one page of every worker and returns their valid items
 merged oldest first (by the time each request finished), each naming its ``worker``. Item keys stay
 ``<spool_id>:<seq>``: spool ids are random per server start, so keys never collide between workers, and the
-held-out slice (spool ``seq`` divisible by ``holdout_every``) is decided per worker as for one server.
+held-out share (by a hash of the prompt) is the same on every worker: a prompt held out on one is held out on all.
 
 A worker that does not answer (connection refused, timeout, 5xx after the client's retries) is skipped for this
 read (``counts.unavailable``) and its cursor stays: what its spool holds is read once it answers again. A worker
@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Dict, List
 
 from specopd_trainer.adapt.reader import Cursor, ReaderCounts, ServedItem, TrafficReader
-from specopd_trainer.client import ServerUnavailableError
+from specopd_trainer.client.http import ServerUnavailableError
 
 
 class _WorkerPages:

@@ -1,28 +1,21 @@
 """The ``specopd adapt`` loop: read served traffic, train a candidate, deploy it only when it measures better.
 
 One iteration: read one spool page (:mod:`.reader`; again at once while a backlog is waiting), give the new items
-their context features (:mod:`.features`), put them in the training or held-out buffer (:mod:`.buffer`); once the
-training buffer holds ``min_train_tokens`` response tokens, one optimiser step of the algorithm's adapt step (AdamW,
-linear warmup then constant LR, gradient clip); every ``eval_every`` steps the guard (:mod:`.guard`) compares the
-candidate with the deployed drafter on the newest ``holdout_window`` held-out requests and pushes it when the rule
-says so and it is not worse (interval below 0) on up to ``holdout_older`` older held-out requests spread over the run
-than the deployed drafter nor than the run's start drafter (the traffic served before: a drafter that learns a new
-domain must not forget the old ones, neither in one push nor over many small ones), or, when the deployed drafter
-measures worse than the one before it, rolls back to that one (the candidate restarts from it). A step whose loss is not finite restores the candidate to the deployed weights
-(``candidate_resets``). Checkpoints: every ``ckpt_every`` steps and at every stop (:mod:`.state`). Stops on
-SIGINT / SIGTERM (after the current step), ``max_steps`` or ``max_minutes``; a budget stop judges the candidate once
-more when at least half an ``eval_every`` was trained since the last judgement.
-
-The server keeps serving throughout: reads and pushes are admin ops run between batches, and every target forward
-the adapter asks for (second-pass features, prefix rows, SpecOPD / Draft-OPD scoring) goes through the score
-queue's per-iteration budget (``score_trees_budget_tokens``).
+their context features (:mod:`.features`), their slice (:mod:`.slices`), put them in the training or held-out buffer
+(:mod:`.buffer`); once the training buffer holds ``min_train_tokens`` response tokens, one optimiser step of the
+algorithm's adapt step (AdamW, linear warmup then constant LR, gradient clip); every ``eval_every`` steps
+:func:`specopd_trainer.adapt.judge.judge` (every check reported; one that could not run blocks) pushes the candidate
+or rolls back. A step whose loss is not finite restores the candidate to the deployed weights (``candidate_resets``).
+Checkpoints: every ``ckpt_every`` steps and at every stop (:mod:`.state`). Stops on SIGINT / SIGTERM (after the
+current step), ``max_steps`` or ``max_minutes``; a budget stop judges the candidate once more when at least half an
+``eval_every`` was trained since the last judgement. Reads and pushes are admin ops run between the server's
+batches; every target forward the adapter asks for goes through the score queue's per-iteration budget.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-import signal
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
@@ -32,11 +25,15 @@ import torch
 from specopd_trainer.adapt.buffer import TrafficBuffer, TrafficSequence
 from specopd_trainer.adapt.config import AdaptConfig
 from specopd_trainer.adapt.features import FeatureSource
-from specopd_trainer.adapt.guard import Verdict, compare, walk_rows, worse
+from specopd_trainer.adapt.guard import compare, walk_rows, worse
+from specopd_trainer.adapt.judge import judge
 from specopd_trainer.adapt.fleet_reader import reader_for
 from specopd_trainer.adapt.reader import ServedItem
-from specopd_trainer.adapt.report import StatusPrinter, status_line, summary
+from specopd_trainer.adapt.report import StatusPrinter, metrics_row, status_line, summary
+from specopd_trainer.adapt.slices import SliceKeyer, majority_header
 from specopd_trainer.adapt.state import AdaptState
+from specopd_trainer.adapt.stops import install_signals, restore_signals
+from specopd_trainer.adapt.view import TrainView
 from specopd_trainer.algorithms.registry import NothingToTrain
 from specopd_trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from specopd_trainer.loops.common import step_generator
@@ -70,7 +67,10 @@ class Adapter:
         self.run_dir, self.sleep, self._serving_version = Path(run_dir), sleep, serving_version
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.train_buf = TrafficBuffer(self.run_dir / "train", int(cfg.train_buffer_mb * 2**20))
-        self.hold_buf = TrafficBuffer(self.run_dir / "holdout", int(cfg.holdout_buffer_mb * 2**20))
+        self.hold_buf = TrafficBuffer(self.run_dir / "holdout", int(cfg.holdout_buffer_mb * 2**20),
+                                      per_slice=cfg.holdout_per_slice)
+        self.rehearsal_buf = TrafficBuffer(self.run_dir / "rehearsal", int(cfg.train_buffer_mb * 2**18),
+                                           per_slice=cfg.rehearsal_per_slice)  # older traffic per slice (.view)
         self.features = FeatureSource(client, drafter.spec.target_layer_ids, cfg.features)
         self.params = [p for p in drafter.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
@@ -84,8 +84,8 @@ class Adapter:
         self.reader = reader_for(client, self.state, cfg, int(drafter.spec.vocab_size))  # a fleet: one per worker
         if self._fresh and cfg.start_at == "newest":  # a new run skips what the spool(s) hold now
             self.reader.skip_to_newest()
-        self._train_view: List[TrafficSequence] = self.train_buf.sequences
-        ctx = AdaptContext(drafter=drafter, client=client, train=_View(self), fresh_versions=self.fresh_versions,
+        self._train_view, self._rehearsal_view = self.train_buf.sequences, self.rehearsal_buf.by_slice()
+        ctx = AdaptContext(drafter=drafter, client=client, train=TrainView(self), fresh_versions=self.fresh_versions,
                            anchor=self.anchor, retain=cfg.retain)
         self.step_fn = alg.adapt(ctx, alg.make_config(**cfg.algorithm_options))
         self._dep_cache: Dict[str, dict] = {}
@@ -147,17 +147,28 @@ class Adapter:
         if not items:
             return 0
         feats = self.features.features(items)
+        keyer = self._slice_keyer([it.input_ids[:it.prompt_len] for it in items])
         train, hold = [], []
         for it in items:
             seq = TrafficSequence(id=it.key, domain="traffic", token_ids=torch.tensor(it.input_ids, dtype=torch.long),
                                   features=feats[it.key], prompt_len=it.prompt_len, records=tuple(it.trace),
-                                  served_by=tuple(it.versions), worker=it.worker)
+                                  served_by=tuple(it.versions), worker=it.worker,
+                                  slice=keyer.slice_of(it.input_ids[:it.prompt_len]))
             (hold if it.held_out else train).append(seq)
             self.state.traffic_tokens_seen += len(it.input_ids)
         self.state.traffic_tokens_trained += sum(len(s.token_ids) - s.prompt_len for s in train)
         n = self.train_buf.add(train) + self.hold_buf.add(hold)
-        self._train_view = self.train_buf.sequences
+        self.rehearsal_buf.add(train)
+        self._train_view, self._rehearsal_view = self.train_buf.sequences, self.rehearsal_buf.by_slice()
         return n
+
+    def _slice_keyer(self, prompts) -> SliceKeyer:
+        """The slice keyer; its header is frozen at the first page read (config, else that page's majority)."""
+        cfg = self.cfg
+        if self.state.slice_header is None:
+            self.state.slice_header = list(cfg.slice_header) or majority_header(prompts)
+        return SliceKeyer(self.state.slice_header, cfg.slice_prefix_tokens, cfg.slice_min_seen, cfg.max_slices,
+                          self.state.slice_seen)
 
     # ---- training ----------------------------------------------------------------------------------------------
     def train_step(self) -> bool:
@@ -191,54 +202,24 @@ class Adapter:
 
     # ---- deploy guard ------------------------------------------------------------------------------------------
     def judge(self) -> Optional[Dict[str, Any]]:
-        """Compare candidate and deployed on the held-out window; push or roll back. The verdict dict, or None when
-        the held-out slice is still smaller than ``min_holdout``."""
-        cfg = self.cfg
-        everything = self.hold_buf.sequences
-        hold = everything[-cfg.holdout_window:]
-        if len(hold) < cfg.min_holdout:
-            return None
-        dep_rows = walk_rows(self.deployed, hold, self._dep_cache)
-        cand_rows = walk_rows(self.drafter, hold)
-        if not dep_rows or not cand_rows:
-            return None
-        v = compare(cand_rows, dep_rows, rule=cfg.deploy_rule, min_gain=cfg.min_gain, seed=self.state.step)
-        self.state.evaluations += 1
-        out = {**v.as_dict(), "kind": "candidate", "step": self.state.step}
-        older = _spread(everything[:-cfg.holdout_window], cfg.holdout_older)
-        if v.deploy and len(older) >= cfg.min_holdout:  # traffic served before: the candidate must not be worse
-            cand_older = walk_rows(self.drafter, older)  # than the deployed drafter, nor than the run's start drafter
-            for name, ref in (("deployed", walk_rows(self.deployed, older, self._dep_cache)),  # (small losses per
-                              ("start", walk_rows(self.anchor, older, self._start_cache))):  # push add up)
-                o = compare(cand_older, ref, rule="ci", seed=self.state.step)
-                out["older" if name == "deployed" else "older_vs_start"] = o.as_dict()
-                if worse(o):
-                    v = Verdict(**{**v.__dict__, "deploy": False, "reason": f"{v.reason}, but worse on older traffic "
-                                   f"than the {name} drafter [{o.ci95[0]:+.3f}, {o.ci95[1]:+.3f}]"})
-                    out.update(deploy=False, reason=v.reason)
-                    break
-        self.state.note_verdict(out)
-        if v.deploy:
-            version = f"adapt-{self.run_dir.name}-{self.state.pushes + 1}"
-            if self._push(self.drafter, version, f"candidate {v.reason}"):
-                self.previous = copy.deepcopy(self.deployed.state_dict())
-                self.deployed.load_state_dict(self.drafter.state_dict())
-                self._dep_cache.clear()
-                self.state.pushes += 1
-        elif cfg.rollback and self.previous is not None and len(self.state.deployed) > 1:
-            prev = copy.deepcopy(self.deployed)
-            prev.load_state_dict(self.previous)
-            back = compare(dep_rows, walk_rows(prev, hold), rule="ci", seed=self.state.step)
-            self.state.note_verdict({**back.as_dict(), "kind": "deployed_vs_previous", "step": self.state.step})
-            if worse(back):
-                version = f"{self.state.deployed[-2]['version']}-rollback"
-                if self._push(prev, version, f"rollback: deployed vs previous {back.reason}"):
-                    self.deployed.load_state_dict(self.previous)
-                    self.previous = None
-                    self._dep_cache.clear()
-                    self.state.rollbacks += 1
-                    self._reset_candidate("rollback")
-        return out
+        """Judge the candidate (:func:`specopd_trainer.adapt.judge.judge`: every check reported, a check that
+        could not run blocks); push it or roll back. The verdict dict, or None when nothing is held out yet."""
+        return judge(self)
+
+    def next_version(self) -> str:
+        """``adapt-<run>-<n>`` (a run dir already named ``adapt-...`` is not prefixed twice)."""
+        name = self.run_dir.name
+        return f"{name if name.startswith('adapt-') else 'adapt-' + name}-{self.state.pushes + 1}"
+
+    def deploy_candidate(self, version: str, why: str) -> bool:
+        """Push the candidate; on success it is the deployed drafter (the one before kept for a rollback)."""
+        if not self._push(self.drafter, version, why):
+            return False
+        self.previous = copy.deepcopy(self.deployed.state_dict())
+        self.deployed.load_state_dict(self.drafter.state_dict())
+        self._dep_cache.clear()
+        self.state.pushes += 1
+        return True
 
     def _push(self, drafter, version: str, why: str) -> bool:
         try:
@@ -258,7 +239,7 @@ class Adapter:
     def run(self) -> Dict[str, Any]:
         """Run until stopped; returns :func:`specopd_trainer.adapt.report.summary`."""
         cfg = self.cfg
-        handlers = _install_signals(self.request_stop)
+        handlers = install_signals(self.request_stop)
         t0, wall0 = time.monotonic(), self.state.wall_s
         last_ckpt, last_row, last_judged = self.state.step, 0.0, self.state.step
         try:
@@ -300,7 +281,7 @@ class Adapter:
                 self.judge()
                 self.state.time("judge", time.monotonic() - t)
         finally:
-            _restore_signals(handlers)
+            restore_signals(handlers)
             self.state.wall_s = wall0 + time.monotonic() - t0
             self.checkpoint()
             self._show(force=True)
@@ -314,50 +295,5 @@ class Adapter:
                                             holdout_items=len(self.hold_buf), loss=self._loss), force=force)
 
     def _metrics_row(self) -> None:
-        import json
-
-        v = self.state.verdicts[-1] if self.state.verdicts else {}
-        row = {"step": self.state.step, "wall_s": round(self.state.wall_s, 2), "loss": self._loss,
-               "traffic_tokens_seen": self.state.traffic_tokens_seen, "pushes": self.state.pushes,
-               "rollbacks": self.state.rollbacks, "train_items": len(self.train_buf),
-               "holdout_items": len(self.hold_buf), "last_verdict": v}
-        with open(self.run_dir / "metrics.jsonl", "a") as fh:
-            fh.write(json.dumps(row) + "\n")
-
-
-def _spread(seqs: List, n: int) -> List:
-    """Up to ``n`` of ``seqs`` evenly spread over them (all when there are fewer)."""
-    if n <= 0 or not seqs:
-        return []
-    if len(seqs) <= n:
-        return list(seqs)
-    return [seqs[int(i * len(seqs) / n)] for i in range(n)]
-
-
-class _View:
-    """The adapter's training traffic as the algorithms see it (a live sequence, refreshed after every ingest)."""
-
-    def __init__(self, adapter: Adapter):
-        self._a = adapter
-
-    def __len__(self) -> int:
-        return len(self._a._train_view)
-
-    def __getitem__(self, i):
-        return self._a._train_view[i]
-
-    def __iter__(self):
-        return iter(self._a._train_view)
-
-
-def _install_signals(stop: Callable[[str], None]):
-    try:
-        return {s: signal.signal(s, lambda signum, frame: stop(signal.Signals(signum).name))
-                for s in (signal.SIGINT, signal.SIGTERM)}
-    except ValueError:  # not the main thread: the caller stops it with request_stop
-        return {}
-
-
-def _restore_signals(handlers) -> None:
-    for s, h in handlers.items():
-        signal.signal(s, h)
+        metrics_row(self.run_dir / "metrics.jsonl", self.state, loss=self._loss, train_items=len(self.train_buf),
+                    holdout_items=len(self.hold_buf))

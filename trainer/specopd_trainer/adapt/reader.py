@@ -8,8 +8,10 @@ at least two served tokens, ids inside the vocabulary, trace anchors inside the 
 truncated spool item cannot stop the adapter. A page whose envelope is malformed (no ``items`` list, no integer
 ``next_after``) is counted (``bad_pages``) and read again after the poll interval.
 
-Held out: an item whose spool ``seq`` is divisible by ``holdout_every`` (every k-th request the server finished).
-The decision depends on the item alone, so it is the same after a resume or a re-read.
+Held out: an item whose prompt's hash is divisible by ``holdout_every`` (:func:`specopd_trainer.adapt.slices.held_out`:
+~1/k of the distinct prompts; a prompt the traffic repeats is always on the same side, never both trained on and
+held out). The decision depends on the prompt alone, so it is the same after a resume, a re-read or on another
+fleet worker.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from pydantic import ValidationError
+
+from specopd_trainer.adapt.slices import held_out
 
 
 @dataclass
@@ -110,8 +114,8 @@ class TrafficReader:
     """Pages through the spool of the server behind ``client`` from ``cursor`` (updated in place).
 
     Args:
-        client: :class:`specopd_trainer.client.SpecOPDClient` with the admin key. cursor: where to start.
-        counts: counters to update (persisted by the caller). holdout_every: k of the held-out slice.
+        client: :class:`specopd_trainer.client.http.SpecOPDClient` with the admin key. cursor: where to start.
+        counts: counters to update (persisted by the caller). holdout_every: k of the held-out share (by prompt hash).
         vocab_size: the target's vocabulary (ids outside are refused). max_items: per read (1..4096).
     """
 
@@ -145,7 +149,7 @@ class TrafficReader:
                 self.counts.bad(reason)
                 continue
             seq = int(raw["seq"])
-            held = seq % self.holdout_every == 0
+            held = held_out(raw["input_ids"][:int(raw["prompt_len"])], self.holdout_every)
             out.append(ServedItem(key=f"{spool_id}:{seq}", seq=seq, input_ids=[int(t) for t in raw["input_ids"]],
                                   prompt_len=int(raw["prompt_len"]), trace=list(raw["trace"]),
                                   features=raw.get("features"), held_out=held,

@@ -9,6 +9,7 @@ the older cursor and recognised by key).
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -39,6 +40,11 @@ class AdaptState:
     evaluations: int = 0
     verdicts: List[Dict[str, Any]] = field(default_factory=list)
     timings_s: Dict[str, float] = field(default_factory=dict)  # ingest / train / judge / wait seconds, resumes included
+    slice_header: Optional[List[int]] = None  # the header slices are keyed after (frozen at the first page read)
+    slice_seen: Dict[str, int] = field(default_factory=dict)  # slice key -> requests seen (adapt.slices)
+    # guard verdicts by "kind:outcome" (deploy | hold) and the Unix time of the last one (``--metrics-port``)
+    verdict_counts: Dict[str, int] = field(default_factory=dict)
+    last_verdict_unix: Optional[float] = None
 
     def time(self, what: str, seconds: float) -> None:
         self.timings_s[what] = round(self.timings_s.get(what, 0.0) + seconds, 3)
@@ -49,6 +55,10 @@ class AdaptState:
 
     def note_verdict(self, verdict: Dict[str, Any], keep: int = 20) -> None:
         self.verdicts = (self.verdicts + [verdict])[-keep:]
+        if "deploy" in verdict:  # a guard comparison (candidate, deployed_vs_previous), not a reset or push error
+            key = f"{verdict.get('kind')}:{'deploy' if verdict['deploy'] else 'hold'}"
+            self.verdict_counts[key] = self.verdict_counts.get(key, 0) + 1
+            self.last_verdict_unix = time.time()
 
     def as_dict(self) -> Dict[str, Any]:
         out = asdict(self)

@@ -62,7 +62,7 @@ class TrainContext:
     """What the caller (the CLI, the main job) hands an algorithm's run function.
 
     drafter: the drafter to train in place (e.g. :class:`specopd_trainer.drafters.dflash.DFlashDrafter`).
-    client: :class:`specopd_trainer.client.SpecOPDClient` of the live server. run_dir: checkpoints, metrics.jsonl
+    client: :class:`specopd_trainer.client.http.SpecOPDClient` of the live server. run_dir: checkpoints, metrics.jsonl
     (an existing run resumes). train / holdout: :class:`specopd_trainer.features.Sequence` lists (``data =
     "sequences"``); prompts: token-id lists (``data = "prompts"``). push: ``push(step, drafter)`` or None (no
     admin key; never None for algorithms with ``needs_push``). progress: draw progress bars.

@@ -1,6 +1,6 @@
 """The trainable DFlash drafter: SGLang 0.5.23's ``DFlashDraftModel`` (``sglang/srt/models/dflash.py``) in torch.
 
-``state_dict()`` keys and shapes are exactly :func:`sglang_specopd.wire.drafter_format.expected_tensors` (the
+``state_dict()`` keys and shapes are exactly :func:`sglang_specopd.wire.drafters.format.expected_tensors` (the
 checkpoint SGLang loads); the target's embedding and LM head live in a :class:`TargetHead` of non-persistent
 buffers. Data flow (worker ``sglang/srt/speculative/dflash_worker_v2.py``):
 
@@ -22,7 +22,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from sglang_specopd.wire.drafter_format import DrafterSpec, read_drafter_config
+from sglang_specopd.wire.drafters.format import DrafterSpec, read_drafter_config
 from specopd_trainer.drafters.blocks import DrafterInputError, build_dflash_training_mask, make_blocks
 from specopd_trainer.drafters.layers import DFlashDecoderLayer, RMSNorm, rope_cos_sin
 from specopd_trainer.drafters.registry import register_drafter
@@ -64,7 +64,7 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(h, eps)
         self.norm = RMSNorm(h, eps)
         self._build_heads(spec)
-        from sglang_specopd.wire.drafter_init import init_drafter_tensors
+        from sglang_specopd.wire.drafters.init import init_drafter_tensors
 
         self.load_state_dict(init_drafter_tensors(spec, seed), strict=True)
         self.to(dtype)
@@ -249,9 +249,9 @@ class DFlashDrafter(nn.Module):
         return self.drafter_arch.config(self.spec)
 
     def save_pretrained(self, out_dir: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
-        """Atomically write ``config.json`` + ``model.safetensors`` (via ``sglang_specopd.wire.drafter_init.save_drafter``).
+        """Atomically write ``config.json`` + ``model.safetensors`` (via ``sglang_specopd.wire.drafters.init.save_drafter``).
         Raises DrafterInitError if ``out_dir`` exists and not ``overwrite``."""
-        from sglang_specopd.wire.drafter_init import save_drafter
+        from sglang_specopd.wire.drafters.init import save_drafter
 
         return save_drafter(self.spec, self.checkpoint_tensors(), out_dir, overwrite=overwrite)
 

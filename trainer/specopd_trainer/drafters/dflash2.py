@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from sglang_specopd.wire.drafter_dflash2 import DFlash2Spec
+from sglang_specopd.wire.drafters.dflash2 import DFlash2Spec
 from specopd_trainer.drafters.conv import ConvDecoderLayer
 from specopd_trainer.drafters.dflash import DFlashDrafter
 from specopd_trainer.drafters.registry import register_drafter

@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from sglang_specopd.wire.drafter_dspark import DSparkSpec
+from sglang_specopd.wire.drafters.dspark import DSparkSpec
 from specopd_trainer.drafters.markov import MARKOV_HEADS, ConfidenceHead
 from specopd_trainer.drafters.registry import register_drafter
 from specopd_trainer.drafters.semi_ar import SemiARDrafter, path_previous, pick_slot, previous_tokens

@@ -1,11 +1,11 @@
 """The trainer's drafter registry: drafter architecture name -> trainable ``nn.Module`` class.
 
 Names, HF architectures, config parsing and tensor layouts come from the one registry of drafter architectures,
-:mod:`sglang_specopd.wire.drafter_archs` (also read by the server and the CLI); this module only adds the class.
+:mod:`sglang_specopd.wire.drafters.archs` (also read by the server and the CLI); this module only adds the class.
 Drafter modules register themselves with ``@register_drafter(name)`` where ``name`` is a registered architecture;
 the built-in modules listed in :data:`BUILTIN_MODULES` are imported on first lookup, so importing this module stays
 light. Built in: DFlash ("dflash", :mod:`.dflash`), DFlash V2 ("dflash2", ``DFlash2DraftModel``, :mod:`.dflash2`)
-and DSpark ("dspark", ``DSparkDraftModel``, :mod:`.dspark`). Another drafter is an entry in ``drafter_archs`` plus
+and DSpark ("dspark", ``DSparkDraftModel``, :mod:`.dspark`). Another drafter is an entry in ``sglang_specopd.wire.drafters.archs`` plus
 a module whose class is decorated with ``@register_drafter("<name>")`` (added to :data:`BUILTIN_MODULES` or imported
 before lookup). Every registered class must provide ``from_pretrained(drafter_dir, target_dir=None)`` and
 ``save_pretrained(out_dir)`` writing its entry's format.
@@ -17,9 +17,9 @@ import importlib
 import os
 from typing import Callable, TypeVar
 
-from sglang_specopd.wire.drafter_archs import UnknownDrafterArchError, arch_for_config, drafter_arch_names
-from sglang_specopd.wire.drafter_archs import get_drafter_arch
-from sglang_specopd.wire.drafter_format import read_drafter_config
+from sglang_specopd.wire.drafters.archs import UnknownDrafterArchError, arch_for_config, drafter_arch_names
+from sglang_specopd.wire.drafters.archs import get_drafter_arch
+from sglang_specopd.wire.drafters.format import read_drafter_config
 
 BUILTIN_MODULES = ("specopd_trainer.drafters.dflash", "specopd_trainer.drafters.dflash2",
                    "specopd_trainer.drafters.dspark")
@@ -36,7 +36,7 @@ def register_drafter(name: str) -> Callable[[_T], _T]:
     """Class decorator: register ``cls`` as the trainable drafter of the registered architecture ``name``.
 
     Sets ``cls.drafter_name`` (``name``) and ``cls.drafter_arch`` (its
-    :class:`~sglang_specopd.wire.drafter_archs.DrafterArch`).
+    :class:`~sglang_specopd.wire.drafters.archs.DrafterArch`).
 
     Raises:
         UnknownDrafterError: ``name`` is not a registered drafter architecture.

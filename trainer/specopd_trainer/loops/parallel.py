@@ -163,7 +163,7 @@ class FullDrafter:
 
     def save_pretrained(self, out_dir, *, overwrite: bool = False):
         """The drafter's ``save_pretrained`` on the gathered tensors."""
-        from sglang_specopd.wire.drafter_init import save_drafter
+        from sglang_specopd.wire.drafters.init import save_drafter
 
         return save_drafter(self._drafter.spec, self.checkpoint_tensors(), out_dir, overwrite=overwrite)
 
