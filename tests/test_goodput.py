@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sglang_specopd.server.goodput.policy import (CostCurve, GoodputPolicy, SlotEstimate, bucket_of, choose_k,
-                                           expected_tokens)
+                                                  expected_tokens, request_class)
 from sglang_specopd.wire.policy import PolicySettings, PolicyStats, policy_env
 
 
@@ -129,6 +129,51 @@ def test_policy_learns_acceptance_and_the_fixed_policy_verifies_the_block() -> N
     pol.reset_acceptance()
     assert pol.prior() == pytest.approx([0.1] * 3)
     assert GoodputPolicy(3, PolicySettings()).plan(ests) == (3, "fixed")
+
+
+def test_speculation_switches_off_and_on_per_request_class() -> None:
+    """Issue 53: falling acceptance turns k to 0 for that request class only; exploration keeps testing it, and
+    rising acceptance turns it back on; a hot swap starts every class again."""
+    assert request_class(1.0, 1) == "greedy" and request_class(0.0, -1) == "greedy"
+    assert request_class(0.7, -1) == "sampled" and request_class(1.0, 50) == "sampled"
+    # one draft pays when slot 1 is accepted more than 1 time in 4: (1 + a) / 12.5 > 1 / 10
+    s = PolicySettings(policy="goodput", cost_curve_ms={1: [10.0, 12.5, 100.0, 100.0]}, explore_every=4,
+                       prior_weight=1.0, class_half_life=8.0, request_half_life=4.0)
+    pol = GoodputPolicy(3, s)
+
+    def serve(cls: str, accept: bool, steps: int, per_request: int = 5):
+        """Requests of ``cls`` one after another (``per_request`` steps each); (k, reason) of every step."""
+        plans = []
+        for i in range(steps):
+            if i % per_request == 0:
+                est = pol.new_request_estimate()
+            k, reason = pol.plan([est], [cls])
+            plans.append((k, reason))
+            if k:
+                pol.observe([est], k, [k if accept else 0], [cls])
+        return plans
+
+    fresh = pol.new_request_estimate
+    assert pol.plan([fresh()], ["greedy"]) == pol.plan([fresh()], ["sampled"]) == (1, "given")  # prior 0.5: on
+    serve("greedy", True, 30)
+    falling = serve("sampled", False, 30)
+    assert falling[0] == (1, "given") and (0, "given") in falling  # sampled drafts stop paying: k = 0
+    assert pol.prior("sampled")[0] < 0.25 < 0.9 < pol.prior("greedy")[0]
+    assert pol.plan([fresh()], ["sampled"]) != (1, "given")  # a new sampled request starts off (or explores) ...
+    assert pol.plan([fresh()], ["greedy"]) == (1, "given")  # ... a greedy one on
+    off = serve("sampled", False, 40)  # still bad: off, but one draft verified after every 4 k = 0 steps
+    assert {p for p in off} == {(0, "given"), (1, "explore")} and off.count((1, "explore")) >= 6
+    assert pol.plan([fresh()], ["greedy"]) == (1, "given")
+    rising = serve("sampled", True, 120)  # acceptance recovers (an adapter push without a swap): back on
+    on_at = next(i for i, p in enumerate(rising) if p == (1, "given"))
+    assert rising[on_at:][-20:] == [(1, "given")] * 20 and pol.plan([fresh()], ["sampled"]) == (1, "given")
+    assert (0, "given") in rising[:on_at]  # it came back through exploration, not at once
+    serve("sampled", False, 30)
+    pol.reset_acceptance()  # a hot swap: the new drafter's acceptance is unknown, every class starts on
+    assert pol.plan([fresh()], ["sampled"]) == (1, "given") and pol.class_acceptance() == {}
+    stats_classes = GoodputPolicy(3, s)
+    stats_classes.observe([fresh(), fresh()], 1, [1, 0], ["greedy", "sampled"])
+    assert set(stats_classes.class_acceptance()) == {"greedy", "sampled"}
 
 
 def test_policy_settings_validation_and_env() -> None:

@@ -83,6 +83,8 @@ def test_main_writes_the_result_without_servers(tmp_path: Path, monkeypatch) -> 
     monkeypatch.setattr(gp, "three_servers", fake_servers)
     monkeypatch.setattr(gp, "run_arm", lambda server, *a: runs[server.role])
     monkeypatch.setattr(gp, "_policy", lambda url: {"gamma": 7, "cost_curve_ms": {"1": [50.0, 51.0, 60.0]}})
+    k0 = {"k0_step_over_plain_step": {"1": 1.01, "2": 1.0, "4": 0.99, "8": 1.02}}
+    monkeypatch.setattr(gp, "k0_step", lambda config, drafter, waves, say=print: k0)
     import transformers
 
     import sglang_specopd.app.bench.runner as runner
@@ -100,9 +102,29 @@ def test_main_writes_the_result_without_servers(tmp_path: Path, monkeypatch) -> 
     assert data["cost_curve_ms"] == {"1": {"1": 50.0, "2": 51.0, "3": 60.0}}
     assert set(data["step_breakdown_ms"]) >= {"plain", "fixed", "goodput"}
     assert data["command"].startswith("python benchmarks/goodput/run.py --drafter /d") and started == [gp.ARMS]
+    assert data["k0_step_over_plain_step"] == k0["k0_step_over_plain_step"]
     started.clear()
     assert gp.main(["--drafter", "/d", "--concurrency", "1,2", "--temperatures", "0", "--limit", "3",
-                    "--out", str(out), "--one-server-at-a-time"]) == 0
+                    "--out", str(out), "--one-server-at-a-time", "--k0-waves", "0"]) == 0
     assert started == [("plain",), ("fixed",), ("goodput",)]
     data = json.loads(out.read_text())
+    assert "k0_step_over_plain_step" not in data
     assert data["one_server_at_a_time"] is True and len(data["levels"]) == 2
+
+
+def test_k0_step_forces_k0_with_or_without_plain_decode() -> None:
+    import importlib.util
+
+    from sglang_specopd.server.goodput.policy import GoodputPolicy
+    from sglang_specopd.wire.policy import PolicySettings
+
+    spec = importlib.util.spec_from_file_location("k0_step", Path(__file__).resolve().parents[1] / "benchmarks" /
+                                                  "goodput" / "k0_step.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for plain in (True, False):
+        settings = PolicySettings.model_validate(mod.forced_k0(7, plain))
+        assert settings.plain_k0 is plain and settings.explore_every == 0
+        pol = GoodputPolicy(7, settings)
+        est = pol.new_request_estimate()
+        assert {pol.plan([est] * bs) for bs in (1, 2, 4, 8) for _ in range(40)} == {(0, "given")}

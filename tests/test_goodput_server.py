@@ -114,6 +114,36 @@ def test_k0_curve_gives_plain_decode_steps(policy_server, tiny_plain_outputs) ->
     assert plain.breakdown.step < block.breakdown.step, (plain.breakdown, block.breakdown)
 
 
+def test_alternating_k0_and_drafting_steps(policy_server, tiny_plain_outputs) -> None:
+    """k = 0 optimal with exploration after every k = 0 step: plain-decode steps and k = 1 steps alternate (issue
+    53). Output == plain serving; the k = 0 steps are SGLang's plain decode, and the drafter's context they skipped is
+    caught up before the next k = 1 step: at every anchor both runs drafted from, its proposals are the ones of a run
+    whose k = 0 steps went through the verify path (drafter context written at every step)."""
+    alternate = {"policy": "goodput", "explore_every": 1, "cost_curve_ms": {1: [1.0] + [100.0] * GAMMA}}
+    traces = {}
+    runs = {True: {}, False: {"plain_k0": False}, "capped": {"explore_every": 5, "catch_up_every": 2}}
+    for plain_k0, extra in runs.items():  # capped: runs of 5 plain steps, caught up in the plain step every 2
+        set_policy(policy_server, {**alternate, **extra})
+        outs = _generate_all(policy_server, TINY_PROMPTS, TINY_NEW_TOKENS)
+        assert [o["output_ids"] for o in outs] == [tiny_plain_outputs[p] for p in TINY_PROMPTS], plain_k0
+        stats = policy_stats(policy_server)
+        hist = stats.k_histogram
+        assert hist[0] > 0 and hist[1] > 0 and hist[0] + hist[1] == stats.steps, hist
+        assert stats.reasons.get("explore", 0) == hist[1], stats.reasons
+        if plain_k0:
+            assert stats.plain_steps == hist[0] and stats.context_catch_up > 0, stats
+        else:
+            assert stats.plain_steps == 0 and stats.context_catch_up == 0, stats
+        traces[plain_k0] = [{r["anchor"]: r for r in o["meta_info"]["specopd_trace"]} for o in outs]
+    for run in (True, "capped"):
+        common = 0
+        for caught, written in zip(traces[run], traces[False]):
+            for anchor in set(caught) & set(written):
+                common += 1
+                assert caught[anchor]["proposed"] == written[anchor]["proposed"], (run, caught[anchor], written[anchor])
+        assert common > 0, run
+
+
 def test_measured_policy_calibrates_and_stays_lossless(policy_server, tiny_plain_outputs) -> None:
     set_policy(policy_server, {"policy": "goodput", "calibration_steps": 1, "refresh_every": 8})
     outs = _generate_all(policy_server, TINY_PROMPTS, TINY_NEW_TOKENS)

@@ -7,7 +7,8 @@ Starts three servers from ``--config`` (all up at once; idle CPU servers sleep):
 ``/flush_cache``, then every held-out prompt once (``--limit`` per domain, ``--max-new-tokens`` each, ignore_eos)
 with ``concurrency`` requests in flight (``specopd bench serve``'s client). The speculative servers' policy
 statistics (``GET /specopd/policy``) are read before and after, so each level has its own chosen-k histogram and
-step-time breakdown. Writes ``benchmarks/results/goodput_smollm2_cpu.json`` (keys in shared notes ``results.md``):
+step-time breakdown, and ``k0_step_over_plain_step`` (``k0_step.py``: a k = 0 step against a plain decode step at
+batch 1, 2, 4, 8, one server at a time). Writes ``benchmarks/results/goodput_smollm2_cpu.json`` (keys in shared notes ``results.md``):
 throughput per arm, the ratios to plain with paired bootstrap 95% intervals over prompts, tau, k histograms, the
 measured cost curve and the step breakdown. Run it on a quiet machine (about an hour at the defaults)::
 
@@ -190,6 +191,13 @@ def measure(args, drafter: Optional[str], say=print):
     return runs, orders, last, skipped
 
 
+def k0_step(config: str, drafter: Optional[str], waves: int, say=print) -> Dict[str, Any]:
+    """``k0_step_over_plain_step`` and its arms (benchmarks/goodput/k0_step.py, one server at a time)."""
+    from goodput.k0_step import k0_step_ratios
+
+    return k0_step_ratios(config, drafter, waves=waves, say=say)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="cpu-smollm2")
@@ -203,6 +211,8 @@ def main(argv=None) -> int:
     ap.add_argument("--block-size", type=int, default=None,
                     help="serve at this block size (a block-4 / block-2 drafter; default: the config's)")
     ap.add_argument("--out", default=str(RESULT))
+    ap.add_argument("--k0-waves", type=int, default=3, help="waves per batch size of the k = 0 step vs plain step "
+                                                            "measurement (k0_step.py; 0: skip it)")
     ap.add_argument("--one-server-at-a-time", action="store_true",
                     help="run the arms one after another with one server up (a shared machine); default: all three "
                          "up, the arms' order rotating between levels")
@@ -239,6 +249,8 @@ def main(argv=None) -> int:
                            "the non-decreasing fit the policy used (goodput server, end of the run)",
         "step_breakdown_ms": breakdown(levels),
     }
+    if args.k0_waves:  # k0_step_over_plain_step: a k = 0 step against a plain decode step at batch 1, 2, 4, 8
+        payload.update(k0_step(args.config, drafter, args.k0_waves, say=lambda m: print(m, file=sys.stderr)))
     command = "python " + " ".join(["benchmarks/goodput/run.py", *(argv if argv is not None else sys.argv[1:])])
     write_result(Path(args.out), payload, command=command)
     return 0

@@ -37,7 +37,13 @@ class PolicySettings(BaseModel):
         prior_weight: pseudo-observations of the server-wide estimate in each request's estimate.
         request_half_life: verify observations after which a request's old observations weigh half.
         global_half_life: the same for the server-wide estimate.
+        class_half_life: the same for a request class's estimate (greedy / sampled; server/goodput/policy.py).
         cost_half_life: measurements after which an old step-time measurement weighs half.
+        plain_k0: a k = 0 step runs as SGLang's plain decode (no verify layout, no drafter K/V write; the drafter's
+            context is caught up when drafting resumes: server/goodput/plain.py); false: through the verify path
+            with one row per request (the behaviour before issue 53, kept for A/B measurements).
+        catch_up_every: with ``plain_k0``, a plain step after which a request holds that many positions without
+            drafter context catches its batch up in the same step (bounds the hidden states kept per request).
     """
 
     model_config = _STRICT
@@ -51,7 +57,10 @@ class PolicySettings(BaseModel):
     prior_weight: float = Field(default=4.0, gt=0.0)
     request_half_life: float = Field(default=16.0, gt=0.0)
     global_half_life: float = Field(default=512.0, gt=0.0)
+    class_half_life: float = Field(default=64.0, gt=0.0)
     cost_half_life: float = Field(default=16.0, gt=0.0)
+    plain_k0: bool = True
+    catch_up_every: int = Field(default=64, ge=1)
 
     @field_validator("cost_curve_ms")
     @classmethod
@@ -92,7 +101,9 @@ class PolicyStats(BaseModel):
     {batch-size bucket: ms per k (None: not measured)}, ``cost_curve_fit_ms`` the curve the policy uses (made
     non-decreasing in k; None until every k of the bucket was measured); ``slot_acceptance``: the server-wide estimate of each
     slot's acceptance given the slots before it were accepted; ``unsupported``: why this worker verifies whole
-    blocks whatever the policy (None when it can apply it)."""
+    blocks whatever the policy (None when it can apply it); ``plain_steps``: k = 0 steps run as SGLang's plain decode,
+    ``context_catch_up``: drafter-context positions those steps left and later steps wrote in batched passes;
+    ``class_acceptance``: the slot acceptance of each request class (``greedy``, ``sampled``) seen since the last reset."""
 
     model_config = _STRICT
 
@@ -106,6 +117,9 @@ class PolicyStats(BaseModel):
     slot_acceptance: List[float]
     breakdown: StepBreakdown
     unsupported: Optional[str] = None
+    plain_steps: int = 0
+    class_acceptance: Dict[str, List[float]] = {}
+    context_catch_up: int = 0
 
 
 def policy_env(policy: str) -> dict:

@@ -66,6 +66,7 @@ def _make_worker_class():
     from sglang_specopd.server.traffic.features import capture_prefill, capture_verify, capturing
     from sglang_specopd.server.goodput.step import controller_for, settings_from_env
     from sglang_specopd.server.goodput.verify import accept_narrow
+    from sglang_specopd.server.goodput.plain import catch_up, clear_pending, plain_decode_step, plain_ok
 
     DFlashWorkerV2 = compat.get("DFlashWorkerV2")
     _commit_accept = compat.get("_commit_accept")
@@ -97,7 +98,16 @@ def _make_worker_class():
             self._specopd_step = step = policy.begin(self, batch, current_version())
             ok = False
             try:
-                out = super().forward_batch_generation(batch, *args, **kwargs)
+                if step is None:  # a prefill (re-prefill of a retracted request) writes the drafter's context
+                    if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+                        clear_pending(batch.reqs)
+                    out = super().forward_batch_generation(batch, *args, **kwargs)
+                elif step.k == 0 and policy.settings.plain_k0 and plain_ok(batch, capturing_features=capture):
+                    out = plain_decode_step(self, batch, step, kwargs.get("on_publish", args[0] if args else None),
+                                            max_pending=policy.settings.catch_up_every)
+                else:  # drafting: the drafter's context first gets the positions plain steps left (goodput.plain)
+                    step.caught += catch_up(self, batch.reqs)
+                    out = super().forward_batch_generation(batch, *args, **kwargs)
                 ok = True
                 return out
             finally:

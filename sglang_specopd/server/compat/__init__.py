@@ -2,8 +2,8 @@
 
 The plugin runs inside SGLang and leans on internals of one release (pinned ``sglang==0.5.23``). This package
 is the ONE place that names them: :data:`SYMBOLS` (in :mod:`.table`, re-exported here) is a table of
-:class:`Symbol` (dotted path, how the plugin uses it, the parameter names it relies on, the attributes it reads),
-and every other plugin module obtains SGLang objects through it instead of importing ``sglang``
+:class:`Symbol` (in :mod:`.symbol`; dotted path, how the plugin uses it, the parameter names it relies on, the
+attributes it reads), and every other plugin module obtains SGLang objects through it instead of importing ``sglang``
 (``.importlinter`` enforces that; only this package may import it):
 
 * :func:`get` ``("DFlashWorkerV2")`` -> the object (imported on first use: importing this module imports nothing
@@ -22,8 +22,8 @@ from __future__ import annotations
 import importlib
 from typing import Any, Tuple
 
-from sglang_specopd.server.compat.table import (BY_NAME, PINNED_SGLANG, SYMBOLS, WEIGHT_UPDATE_HOOKS,  # noqa: F401
-                                                Kind, Symbol)
+from sglang_specopd.server.compat.symbol import Kind, Symbol  # noqa: F401
+from sglang_specopd.server.compat.table import BY_NAME, PINNED_SGLANG, SYMBOLS, WEIGHT_UPDATE_HOOKS  # noqa: F401
 
 
 def symbol(name: str) -> Symbol:

@@ -1,70 +1,19 @@
 """The table of every SGLang symbol the plugin touches: the ONE place that names SGLang's internals.
 
 :data:`SYMBOLS` lists each as a :class:`Symbol` (dotted path, how the plugin uses it, the parameter names it
-relies on, the attributes it reads, the plugin modules that use it). Pure data: importing it imports nothing of
-SGLang. The accessors (``compat.get`` / ``hook`` / ``patch``) are in :mod:`sglang_specopd.server.compat`; the
-check against the installed SGLang in :mod:`sglang_specopd.server.compat.check`.
+relies on, the attributes it reads, the plugin modules that use it; the types are in
+:mod:`sglang_specopd.server.compat.symbol`). Pure data: importing it imports nothing of SGLang. The accessors
+(``compat.get`` / ``hook`` / ``patch``) are in :mod:`sglang_specopd.server.compat`; the check against the installed
+SGLang in :mod:`sglang_specopd.server.compat.check`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import Enum
 from typing import Dict, Tuple
 
+from sglang_specopd.server.compat.symbol import Kind, Symbol
+
 PINNED_SGLANG = "0.5.23"
-
-
-class Kind(str, Enum):
-    """How the plugin uses a symbol."""
-
-    READ = "read"  # read or called
-    SUBCLASS = "subclass"  # the plugin subclasses it
-    OVERRIDE = "override"  # a method a plugin subclass (or stand-in object) overrides; SGLang calls it
-    HOOK_BEFORE = "hook BEFORE"  # HookRegistry hooks (sglang.srt.plugins.hook_registry.HookType)
-    HOOK_AFTER = "hook AFTER"
-    HOOK_AROUND = "hook AROUND"
-    HOOK_REPLACE = "hook REPLACE"
-    MONKEYPATCH = "monkeypatch"  # the plugin assigns (or mutates) this module / class attribute
-    ROUTE = "route"  # the FastAPI app the plugin adds routes to
-
-    @property
-    def hook_type(self) -> str | None:
-        """``BEFORE`` / ``AFTER`` / ``AROUND`` / ``REPLACE`` for hook kinds, else None."""
-        return self.value.split(" ", 1)[1] if self.value.startswith("hook ") else None
-
-
-@dataclass(frozen=True)
-class Symbol:
-    """One SGLang symbol the plugin depends on.
-
-    Attributes:
-        name: the key the plugin uses (``compat.get(name)``), unique in :data:`SYMBOLS`.
-        module: the SGLang module defining it (``sglang.srt...``).
-        qualname: the attribute path inside ``module`` (``Class.method`` or ``function``).
-        kinds: every way the plugin uses it (:class:`Kind`).
-        params: parameter names the plugin relies on (passes by name, or receives in a hook / override).
-        attrs: attributes the plugin reads on it or its instances (enum members, ``self.x`` set by SGLang).
-        used_by: the plugin modules that use it (relative to ``sglang_specopd.server``).
-        cpu_only: used only by the CPU engine's adaptations (checked only when that engine is on).
-        may_be_none: the attribute may be None in this install (an op resolved only on some devices).
-    """
-
-    name: str
-    module: str
-    qualname: str
-    kinds: Tuple[Kind, ...]
-    params: Tuple[str, ...] = ()
-    attrs: Tuple[str, ...] = ()
-    used_by: Tuple[str, ...] = ()
-    cpu_only: bool = False
-    may_be_none: bool = False
-
-    @property
-    def target(self) -> str:
-        """The fully-qualified dotted path (what ``HookRegistry.register`` takes)."""
-        return f"{self.module}.{self.qualname}"
-
 
 R, SUB, OVR, MP = Kind.READ, Kind.SUBCLASS, Kind.OVERRIDE, Kind.MONKEYPATCH
 BEFORE, AFTER, AROUND, REPLACE = Kind.HOOK_BEFORE, Kind.HOOK_AFTER, Kind.HOOK_AROUND, Kind.HOOK_REPLACE
@@ -109,8 +58,8 @@ SYMBOLS: Tuple[Symbol, ...] = (
        used_by="compat"),
     _s("HookType", _HOOKS, "HookType", R, attrs=("BEFORE", "AFTER", "AROUND", "REPLACE"), used_by="compat"),
     # --- the SPECOPD algorithm (algorithm/specopd.py) ---
-    _s("SpeculativeAlgorithm", _SPEC_INFO, "SpeculativeAlgorithm", R, used_by="algorithm.specopd",
-       attrs=("DFLASH", "DSPARK", "is_speculative", "create_future_map", "build_disagg_draft_input",
+    _s("SpeculativeAlgorithm", _SPEC_INFO, "SpeculativeAlgorithm", R, used_by=("algorithm.specopd", "goodput.plain"),
+       attrs=("DFLASH", "DSPARK", "NONE", "is_speculative", "create_future_map", "build_disagg_draft_input",
               "resolve_max_speculative_num_draft_tokens", "get_num_tokens_per_req_for_target_verify")),
     _s("SpeculativeAlgorithm.register", _SPEC_INFO, "SpeculativeAlgorithm.register", R,
        ("name", "supports_overlap", "spec_class"), used_by=("algorithm.specopd", "algorithm.dspark")),
@@ -123,7 +72,9 @@ SYMBOLS: Tuple[Symbol, ...] = (
               "draft_model", "_fused_kv_helper", "_init_fused_kv_helper",  # hot_swap rebuilds the helper
               # the speculative policy swaps the two runners for a step's views and reads what it supports
               "_target_worker", "draft_model_runner", "server_args", "device", "selector", "lilicorr",
-              "_is_domino", "use_compact_draft_cache", "_need_mamba_verify_commit")),
+              "_is_domino", "use_compact_draft_cache", "_need_mamba_verify_commit",
+              # a k = 0 step as plain decode (goodput.plain): the target, the next draft input, drafter-pool slots
+              "target_worker", "_make_next_draft_input_decode", "_draft_write_ids")),
     _s("DFlashWorkerV2.forward_batch_generation", _DFLASH_W, "DFlashWorkerV2.forward_batch_generation", OVR,
        ("self", "batch"), used_by="algorithm.specopd"),
     _s("DFlashWorkerV2._greedy_sample_from_vocab_parallel_head", _DFLASH_W,
@@ -140,16 +91,22 @@ SYMBOLS: Tuple[Symbol, ...] = (
        used_by=("algorithm.specopd", "goodput.verify")),
     # --- the speculative policy (goodput/step.py, goodput/verify.py): k of a block's drafts verified per step ---
     _s("ScheduleBatch", "sglang.srt.managers.schedule_batch", "ScheduleBatch", R,
-       used_by=("goodput.step", "goodput.verify"),
+       used_by=("goodput.step", "goodput.verify", "goodput.plain"),
        attrs=("forward_mode", "is_extend_in_batch", "reqs", "has_grammar", "return_logprob", "sampling_info",
-              "input_ids", "spec_info", "out_cache_loc", "seq_lens_cpu", "seq_lens_sum")),
+              "input_ids", "spec_info", "out_cache_loc", "seq_lens_cpu", "seq_lens_sum", "seq_lens",
+              "req_pool_indices", "spec_algorithm", "can_run_decode_cuda_graph")),
     _s("DFlashVerifyInput", "sglang.srt.speculative.dflash_info", "DFlashVerifyInput", R,
        ("draft_token", "positions", "draft_token_num", "custom_mask", "capture_hidden_mode", "kv_loc_plan",
         "kv_loc_cols"), attrs=("prepare_for_verify",), used_by="goodput.verify"),
-    _s("CaptureHiddenMode", _FB, "CaptureHiddenMode", R, attrs=("FULL",), used_by="goodput.verify"),
+    _s("CaptureHiddenMode", _FB, "CaptureHiddenMode", R, attrs=("FULL",), used_by=("goodput.verify", "goodput.plain")),
+    _s("GenerationBatchResult", _SCHED, "GenerationBatchResult", R, used_by="goodput.plain",
+       params=("logits_output", "next_token_ids", "accept_lens", "can_run_cuda_graph", "next_draft_input",
+               "speculative_num_draft_tokens", "new_seq_lens"), attrs=("kv_loc_plan",)),
     _s("TpModelWorker.forward_batch_generation", "sglang.srt.managers.tp_worker",
-       "TpModelWorker.forward_batch_generation", OVR, ("self", "batch", "forward_batch", "is_verify",
-                                                       "skip_attn_backend_init"), used_by="goodput.verify"),
+       "TpModelWorker.forward_batch_generation", (OVR, R), ("self", "batch", "forward_batch", "is_verify",
+                                                            "skip_attn_backend_init", "capture_hidden_mode",
+                                                            "return_kv_loc_plan"),
+       used_by=("goodput.verify", "goodput.plain")),
     _s("ModelRunner.forward", "sglang.srt.model_executor.model_runner", "ModelRunner.forward", OVR,
        ("self", "forward_batch"), used_by="goodput.verify"),
     _s("LogitsProcessorOutput", "sglang.srt.layers.logits_processor", "LogitsProcessorOutput", R,
@@ -245,8 +202,8 @@ SYMBOLS: Tuple[Symbol, ...] = (
        attrs=("input_embeds", "replace_embeds", "forward_mode", "spec_info", "out_cache_loc", "req_pool_indices",
               "seq_lens")),
     # --- tree scoring and its prefix cache (scoring/forward.py, prefix_cache.py) ---
-    _s("ForwardMode", _FB, "ForwardMode", R, attrs=("EXTEND", "is_target_verify"),
-       used_by=("scoring.tree_call", "cpu.patches")),
+    _s("ForwardMode", _FB, "ForwardMode", R, attrs=("EXTEND", "DECODE", "is_target_verify"),
+       used_by=("scoring.tree_call", "cpu.patches", "goodput.plain")),
     _s("RadixAttention", _RADIX, "RadixAttention", R, used_by=("scoring.forward", "cpu.patches"),
        attrs=("tp_q_head_num", "tp_k_head_num", "tp_v_head_num", "qk_head_dim", "v_head_dim", "layer_id", "scaling",
               "attn_type")),

@@ -199,51 +199,78 @@ class CostCurve:
         return out
 
 
+def request_class(temperature: float, top_k: int) -> str:
+    """A request's class for the acceptance estimates: ``greedy`` (temperature 0 or top-k 1; SGLang stores
+    temperature 0 as top_k = 1) or ``sampled``. Drafts of the two are accepted at very different rates."""
+    return "greedy" if top_k == 1 or temperature <= 1e-6 else "sampled"
+
+
 class GoodputPolicy:
-    """The per-server state: the server-wide slot estimate, the cost curve, the exploration counter."""
+    """The per-server state: the server-wide and per-class slot estimates, the cost curve, the exploration counters.
+
+    Request classes (:func:`request_class`; ``None``: one class): each class has its own slot estimate (half-life
+    ``class_half_life``, shrunk towards the server-wide one) that its requests' estimates are shrunk towards, and its
+    own run of consecutive k = 0 steps. So a class whose drafts stop paying (sampled traffic at low acceptance)
+    turns speculation off (k = 0, a plain decode step) for its batches while the other keeps drafting, and after
+    ``explore_every`` k = 0 steps of a class its next batch verifies one draft (``explore``): as acceptance
+    recovers the class's estimate rises and speculation comes back on. A hot swap forgets every estimate."""
 
     def __init__(self, gamma: int, settings: PolicySettings):
         if gamma < 1:
             raise ValueError(f"gamma must be >= 1, got {gamma}")
         self.gamma, self.settings = gamma, settings
-        self.glob = SlotEstimate(gamma, settings.global_half_life)
         self.costs = CostCurve(gamma, settings)
-        self._zero_run = 0
+        self.reset_acceptance()
 
     def reset_acceptance(self) -> None:
-        """Forget the server-wide acceptance (a new drafter); the cost curve stays."""
+        """Forget the server-wide and per-class acceptance (a new drafter); the cost curve stays."""
         self.glob = SlotEstimate(self.gamma, self.settings.global_half_life)
-        self._zero_run = 0
+        self.classes: Dict[str, SlotEstimate] = {}
+        self._zero_run: Dict[str, int] = {}
 
     def new_request_estimate(self) -> SlotEstimate:
         """A request's own estimate (attach it to the request; pass it to :meth:`plan` and :meth:`observe`)."""
         return SlotEstimate(self.gamma, self.settings.request_half_life)
 
-    def prior(self) -> List[float]:
-        """Server-wide per-slot rates (Beta prior of weight 2 at ``prior_accept``)."""
-        return self.glob.rates([self.settings.prior_accept] * self.gamma, 2.0)
+    def prior(self, cls: Optional[str] = None) -> List[float]:
+        """Per-slot rates: server-wide (Beta prior of weight 2 at ``prior_accept``), or of class ``cls`` (its
+        counts shrunk towards the server-wide rates with weight 2)."""
+        glob = self.glob.rates([self.settings.prior_accept] * self.gamma, 2.0)
+        est = self.classes.get(cls) if cls is not None else None
+        return glob if est is None else est.rates(glob, 2.0)
 
-    def plan(self, estimates: Sequence[SlotEstimate]) -> Tuple[int, str]:
-        """(k, reason) for the next step of a batch whose requests have these estimates."""
+    def class_acceptance(self) -> Dict[str, List[float]]:
+        """{class: :meth:`prior` of the class} for every class seen since the last reset."""
+        return {c: self.prior(c) for c in sorted(self.classes)}
+
+    def plan(self, estimates: Sequence[SlotEstimate], classes: Optional[Sequence[str]] = None) -> Tuple[int, str]:
+        """(k, reason) for the next step of a batch whose requests have these estimates (and classes)."""
         bs = len(estimates)
         if self.settings.policy == "fixed":
             return self.gamma, "fixed"
+        classes = list(classes) if classes is not None else ["all"] * bs
         k, reason = self.costs.to_measure(bs)
         if k is None:
             times = self.costs.times(bs)
-            prior = self.prior()
-            rates = [e.rates(prior, self.settings.prior_weight) for e in estimates]
+            priors = {c: self.prior(c) for c in set(classes)}
+            rates = [e.rates(priors[c], self.settings.prior_weight) for e, c in zip(estimates, classes)]
             k = choose_k(rates, times) if times is not None else self.gamma
             reason = "given" if self.costs.fixed is not None else "goodput"
             every = self.settings.explore_every
-            if k == 0 and every and self._zero_run >= every:
+            if k == 0 and every and any(self._zero_run.get(c, 0) >= every for c in classes):
                 k, reason = 1, "explore"
-        self._zero_run = self._zero_run + 1 if k == 0 else 0
+        for c in set(classes):
+            self._zero_run[c] = self._zero_run.get(c, 0) + 1 if k == 0 else 0
         return k, reason
 
-    def observe(self, estimates: Sequence[SlotEstimate], verified: int, accepted: Sequence[int]) -> None:
+    def observe(self, estimates: Sequence[SlotEstimate], verified: int, accepted: Sequence[int],
+                classes: Optional[Sequence[str]] = None) -> None:
         """The verify outcome: ``verified`` drafts per request, ``accepted[i]`` of request i accepted."""
-        for est, acc in zip(estimates, accepted):
+        classes = list(classes) if classes is not None else ["all"] * len(estimates)
+        for est, acc, c in zip(estimates, accepted, classes):
             acc = min(int(acc), verified)
             est.observe(verified, acc)
             self.glob.observe(verified, acc)
+            if c not in self.classes:
+                self.classes[c] = SlotEstimate(self.gamma, self.settings.class_half_life)
+            self.classes[c].observe(verified, acc)

@@ -20,12 +20,12 @@ import time
 from typing import Optional
 
 from sglang_specopd.server import metrics
-from sglang_specopd.server.goodput.policy import GoodputPolicy
+from sglang_specopd.server.goodput.policy import GoodputPolicy, request_class
 from sglang_specopd.server.goodput.verify import DraftView, StepState, TargetView, _sync
 from sglang_specopd.server.traces import record_verify_k
 from sglang_specopd.wire.policy import POLICY_ENV, PolicySettings, PolicyStats, StepBreakdown
 
-_EST_ATTR = "_specopd_goodput_est"  # on a Req: (drafter version, SlotEstimate)
+_EST_ATTR = "_specopd_goodput_est"  # on a Req: (drafter version, SlotEstimate, request class)
 MAX_GAP_S = 1.0  # scheduler time between two decode steps counted into a step (longer: the server was idle)
 
 
@@ -72,7 +72,7 @@ class GoodputController:
         self.version = None
         self.k_hist = [0] * self.block
         self.reasons = {}
-        self.sums = {"step": 0.0, "target": 0.0, "draft": 0.0, "rows": 0.0, "steps": 0}
+        self.sums = {"step": 0.0, "target": 0.0, "draft": 0.0, "rows": 0.0, "steps": 0, "plain": 0, "caught": 0}
         self._last_end = None  # perf_counter at the end of the previous decode step (None after a prefill)
 
     @property
@@ -85,14 +85,17 @@ class GoodputController:
             if self.version is not None:
                 self.policy.reset_acceptance()
             self.version = version
-        out = []
+        ests, classes = [], []
         for r in reqs:
             held = getattr(r, _EST_ATTR, None)
             if held is None or held[0] != version:
-                held = (version, self.policy.new_request_estimate())
+                params = getattr(r, "sampling_params", None)
+                cls = request_class(float(getattr(params, "temperature", 1.0)), int(getattr(params, "top_k", -1)))
+                held = (version, self.policy.new_request_estimate(), cls)
                 setattr(r, _EST_ATTR, held)
-            out.append(held[1])
-        return out
+            ests.append(held[1])
+            classes.append(held[2])
+        return ests, classes
 
     def begin(self, worker, batch, version) -> Optional[StepState]:
         """Before a step: for a decode batch choose k and install the step's views; None for other batches."""
@@ -104,16 +107,16 @@ class GoodputController:
         gamma = self.block - 1
         if not self.active:
             k, reason = gamma, "fixed" if self.settings.policy == "fixed" else "unsupported"
-            ests = None
+            ests = classes = None
         elif batch.has_grammar or batch.return_logprob or getattr(
                 batch.sampling_info, "sampling_mask_batch_indices", None) is not None:
-            k, reason, ests = gamma, "batch", None
+            k, reason, ests, classes = gamma, "batch", None, None
         else:
-            ests = self._estimates(batch.reqs, version)
-            k, reason = self.policy.plan(ests)
+            ests, classes = self._estimates(batch.reqs, version)
+            k, reason = self.policy.plan(ests, classes)
         step = StepState(k=k, block=self.block, reason=reason, batch=batch, device=worker.device,
                          draft_hidden=self.draft_hidden)
-        step.t0, step.ests = t0, ests
+        step.t0, step.ests, step.classes = t0, ests, classes
         step.gap = t0 - self._last_end if self._last_end is not None and t0 - self._last_end < MAX_GAP_S else 0.0
         step.real = (worker._target_worker, worker.draft_model_runner)
         worker._target_worker = TargetView(step.real[0], step)
@@ -136,7 +139,7 @@ class GoodputController:
         if step.ests is not None:
             self.policy.costs.observe(bs, step.k, seconds)
             if step.k > 0 and step.accept_len is not None:
-                self.policy.observe(step.ests, step.k, step.accept_len.tolist())
+                self.policy.observe(step.ests, step.k, step.accept_len.tolist(), step.classes)
         if self.settings.policy == "goodput":
             record_verify_k(step.batch.reqs, step.k)
             metrics.record_policy_k(step.k)
@@ -144,6 +147,8 @@ class GoodputController:
         self.reasons[step.reason] = self.reasons.get(step.reason, 0) + 1
         s = self.sums
         s["steps"] += 1
+        s["plain"] += int(step.plain)
+        s["caught"] += step.caught
         s["step"] += seconds
         s["target"] += step.target_s
         s["draft"] += step.draft_s
@@ -160,8 +165,9 @@ class GoodputController:
         return PolicyStats(settings=self.settings, gamma=self.block - 1, steps=n,
                            k_histogram={k: c for k, c in enumerate(self.k_hist)}, reasons=dict(self.reasons),
                            cost_curve_ms=self.policy.costs.table_ms(), cost_curve_fit_ms=self.policy.costs.fit_ms(),
-                           slot_acceptance=self.policy.prior(),
-                           breakdown=breakdown, unsupported=self.unsupported)
+                           slot_acceptance=self.policy.prior(), class_acceptance=self.policy.class_acceptance(),
+                           breakdown=breakdown, unsupported=self.unsupported, plain_steps=s["plain"],
+                           context_catch_up=s["caught"])
 
 
 def controller_for(worker) -> GoodputController:

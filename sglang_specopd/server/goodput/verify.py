@@ -46,6 +46,8 @@ class StepState:
         self.target_s = 0.0
         self.draft_s = 0.0
         self.accept_len: Optional[torch.Tensor] = None
+        self.plain = False  # run as SGLang's plain decode (server/goodput/plain.py)
+        self.caught = 0  # drafter-context positions written by catch-up passes in this step (goodput/plain.py)
 
     def proposals(self, hidden_states: torch.Tensor, draft_head):
         """The drafter head's ``draft_head()`` token ids [bs * gamma] (timed), or zeros when this step verifies no
