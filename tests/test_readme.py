@@ -6,6 +6,10 @@ outside code, a number may appear only in a paragraph, list item or table row th
 numbers glued to letters (``Qwen3-8B``, ``SmolLM2``, ``bf16``, ``H200``), after ``=`` or ``#`` (``T=0``,
 ``#20``) or inside identifiers in inline code (``sglang==0.5.23``, ``--steps 256``) are names, not measurements.
 Inline code that is only a measurement (``1.42x``) still counts.
+
+Issue 50: in README prose and docs/*.md (the journal excepted) every measurement-shaped number (a ratio ``1.23x``,
+a rate ``N tokens/s``, an interval ``[a, b]`` and the value given with it) must also be a value of a result file
+under benchmarks/results/ (or history/) that its unit names, a table row also through its caption or header row.
 """
 
 from __future__ import annotations
@@ -130,3 +134,114 @@ def test_server_config_comments_quote_only_numbers_of_the_result_file_they_name(
                                   for f in files))
             for n in numbers:
                 assert n in known, (config.name, n, files)
+
+
+# --- issue 50: measurement-shaped numbers in README prose and docs/ are values of the result file they name ---
+
+RESULTS = README.parent / "benchmarks" / "results"
+_NUM = r"[+-]?\d+(?:\.\d+)?"
+SHAPED = re.compile(
+    rf"(?<![\w.])(?P<ratio>{_NUM}(?:x?\s*[-–]\s*{_NUM})?)x(?![\w])"  # 1.23x, 1.3-3.8x, 0.51x-0.80x
+    rf"|(?<![\w.])(?P<rate>{_NUM})\s*(?:supervised\s+|output\s+)?(?:tokens/s|tok/s)\b"  # 104 supervised tokens/s
+    rf"|(?<![\w.])(?P<tau>{_NUM})?\s*\[\s*(?P<lo>{_NUM})\s*,\s*(?P<hi>{_NUM})\s*\]")  # 1.727 [1.670, 1.796]
+RESULT_REF = re.compile(r"[\w.-]+\.json\b")
+
+
+def _doc_units(text: str) -> List[tuple]:
+    """``(unit, context)`` pairs: paragraphs, list items and table rows; a table row's context is the unit right
+    above its table (the caption) and the table's header row, where it may find the file it comes from."""
+    units = _units(text)
+    out = []
+    caption, header, in_table = "", "", False
+    for unit in units:
+        if unit.lstrip().startswith("|"):
+            if not in_table:
+                header, in_table = unit, True
+            out.append((unit, caption + " " + header))
+        else:
+            in_table = False
+            caption = unit
+            out.append((unit, ""))
+    return out
+
+
+def _result_values(names: List[str]) -> tuple:
+    """The files of ``names`` committed under benchmarks/results/ (or history/), and the values they hold."""
+    import json
+
+    found, values = [], set()
+    for name in names:
+        base = name.rsplit("/", 1)[-1]
+        for path in (RESULTS / base, RESULTS / "history" / base):
+            if path.is_file():
+                found.append(base)
+                values |= _json_numbers(json.loads(path.read_text()))
+                break
+    return found, values
+
+
+def _shaped_numbers(prose: str) -> List[str]:
+    numbers = []
+    for m in SHAPED.finditer(prose):
+        if m.group("ratio"):
+            numbers += re.findall(r"(?:^[+-])?\d+(?:\.\d+)?", m.group("ratio"))  # 1.3-3.8: 1.3 and 3.8
+        elif m.group("rate"):
+            numbers.append(m.group("rate"))
+        else:
+            numbers += [n for n in (m.group("tau"), m.group("lo"), m.group("hi")) if n]
+    return [n.lstrip("+") if not n.startswith("-") else n for n in (s.strip() for s in numbers)]
+
+
+def unchecked_measurements(text: str) -> List[str]:
+    """The units of ``text`` (outside generated blocks and code) holding a ratio, a rate, an interval or a value
+    given with an interval that is not a value (at 0-3 decimals) of a result file the unit, or its table's caption
+    or header row, names."""
+    for start, end in BLOCKS:
+        while start in text and end in text[text.index(start):]:
+            i = text.index(start)
+            text = text[:i] + text[text.index(end, i) + len(end):]
+    text = re.sub(r"^```.*?^```[^\n]*$", "", text, flags=re.S | re.M)
+    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
+    bad = []
+    for unit, context in _doc_units(text):
+        prose = re.sub(r"\]\([^)]*\)", "]", unit)
+        prose = re.sub(r"`([^`]*)`", lambda m: m.group(1) if MEASUREMENT_CODE.fullmatch(m.group(0)) else " ", prose)
+        numbers = _shaped_numbers(prose)
+        if not numbers:
+            continue
+        files, values = _result_values(RESULT_REF.findall(unit) or RESULT_REF.findall(context))
+        missing = [n for n in numbers if n not in values and n.lstrip("-") not in values]
+        if not files or missing:
+            bad.append(f"{unit.strip()[:160]} -> files {files}, not in them: {missing}")
+    return bad
+
+
+def test_measurement_checker_on_a_made_up_doc() -> None:
+    ok = ("The shipped drafter serves at 0.65x plain, tau 1.727 [1.670, 1.796] "
+          "(`concurrency_reference_smollm2_cpu.json`).\n\n"
+          "Goodput over plain (`goodput_smollm2_cpu.json`):\n\n| concurrency | goodput / plain |\n|---|---|\n"
+          "| 1 | 1.17x |\n| 2 | 1.14x |\n\nA name such as Qwen3-8B or an H200 or `--steps 256` is no measurement.\n")
+    assert unchecked_measurements(ok) == []
+    bad = unchecked_measurements(
+        "SpecOPD is 1.42x faster.\n\n"
+        "Goodput is 9.99x plain (`goodput_smollm2_cpu.json`).\n\n## Without a caption\n\n"
+        "| concurrency | goodput / plain |\n|---|---|\n| 1 | 1.17x |\n")
+    assert [b.split(" -> ")[0] for b in bad] == [
+        "SpecOPD is 1.42x faster.", "Goodput is 9.99x plain (`goodput_smollm2_cpu.json`).", "| 1 | 1.17x |"]
+    assert "['9.99']" in bad[1] and "files []" in bad[0]
+
+
+def test_readme_prose_measurements_are_values_of_the_file_they_name() -> None:
+    assert unchecked_measurements(README.read_text()) == []
+
+
+def test_docs_measurements_are_values_of_the_result_file_they_name() -> None:
+    """docs/*.md except the journal (history): ratios, rates, intervals and values with an interval come from a
+    committed result file named in the same paragraph, list item, table row or the table's caption / header."""
+    bad = {}
+    for doc in sorted((README.parent / "docs").glob("*.md")):
+        if doc.name != "journal.md":
+            found = unchecked_measurements(doc.read_text())
+            if found:
+                bad[doc.name] = found
+    assert bad == {}

@@ -33,7 +33,7 @@ def _case(section: str, row: dict, keys=("rows", "vocab", "prefix", "anchors", "
 
 
 def kernel_checks(payload: Dict[str, Any]) -> Dict[str, List[dict]]:
-    """kernel id -> its checks ``{"case", "what", "diff", "tol", "ok"}`` found in a kernels_gpu.py payload (a
+    """kernel id -> its checks ``{"case", "what", "diff", "tol", "ok"}`` found in a benchmarks/kernels_gpu/run.py payload (a
     section that did not run, or a kernel that could not run, contributes none)."""
     out: Dict[str, List[dict]] = {k: [] for k in ("e2e_tv_fused", "tree_attention_triton", "tree_attention_flashinfer",
                                                   "gdn_replay_triton", "sparse_attention_triton")}

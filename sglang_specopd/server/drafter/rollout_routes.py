@@ -74,28 +74,17 @@ async def stage_drafter(request):
     """Admin: validate a drafter (a swap body) and stage it under ``?txn=ID`` for ``ttl_s`` seconds; 200
     :class:`~sglang_specopd.wire.rollout.StageReply`, 400 / 408 / 413 with the reason, 409 while another
     transaction is staged."""
-    from sglang_specopd.server.drafter import upload as drafter_upload
-    from sglang_specopd.server.drafter.routes import swap_json_problem
-    from sglang_specopd.server.http.body import BodyError
+    from sglang_specopd.server.drafter.routes import call_with_drafter_body
     from sglang_specopd.wire.rollout import parse_stage_query, stage_op_payload
 
     try:
         params = parse_stage_query(request.query_params, _DEFAULT_TTL.get("s") or configure())
     except ValueError as exc:
         return error_response(400, f"refused: {exc}")
-    try:
-        body, upload = await drafter_upload.receive(request)
-    except BodyError as exc:
-        return exc.response()
-    try:
-        if not body:
-            return error_response(400, drafter_upload.EMPTY_BODY)
-        problem = swap_json_problem(body)
-        if problem:
-            return error_response(400, problem)
-        reply = await _call("stage_drafter", stage_op_payload(params, body))
-    finally:
-        drafter_upload.discard(upload)
+    reply, refused = await call_with_drafter_body(
+        request, lambda body: _call("stage_drafter", stage_op_payload(params, body)))
+    if refused is not None:
+        return refused
     if reply.status == 200:
         _schedule_expiry(params.txn, params.ttl_s)
     return _json(reply)

@@ -48,26 +48,35 @@ async def _op(op_name: str, payload: bytes = b""):
     return await control.call(op_name, payload)
 
 
-async def swap_drafter(request):
-    """Admin: swap the serving drafter (see the module docstring); 200 JSON or 4xx with the reason."""
-    from fastapi.responses import Response
-
+async def call_with_drafter_body(request, send):
+    """Receive a swap / stage body (streamed to a file with bounds, :mod:`sglang_specopd.server.drafter.upload`),
+    refuse an empty or malformed one (400), and return ``(await send(body), None)``, or ``(None, refusal)`` with the
+    4xx response; the uploaded file is removed once ``send`` has answered."""
     from sglang_specopd.server.drafter import upload as drafter_upload
     from sglang_specopd.server.http.body import BodyError
 
     try:
         body, upload = await drafter_upload.receive(request)
     except BodyError as exc:
-        return exc.response()
+        return None, exc.response()
     try:
         if not body:
-            return error_response(400, drafter_upload.EMPTY_BODY)
+            return None, error_response(400, drafter_upload.EMPTY_BODY)
         problem = swap_json_problem(body)
         if problem:
-            return error_response(400, problem)
-        reply = await _op("swap_drafter", body)
+            return None, error_response(400, problem)
+        return await send(body), None
     finally:
         drafter_upload.discard(upload)
+
+
+async def swap_drafter(request):
+    """Admin: swap the serving drafter (see the module docstring); 200 JSON or 4xx with the reason."""
+    from fastapi.responses import Response
+
+    reply, refused = await call_with_drafter_body(request, lambda body: _op("swap_drafter", body))
+    if refused is not None:
+        return refused
     if reply.status != 200:
         return error_response(reply.status, reply.message)
     return Response(content=reply.payload, media_type="application/json")

@@ -113,7 +113,7 @@ def _sweep_section(name: str, data: Optional[Mapping[str, Any]]) -> List[str]:
 
 
 def _kernels_gpu_section(data: Optional[Mapping[str, Any]]) -> List[str]:
-    """The GPU kernel check (``benchmarks/kernels_gpu.py``): parity and forward + backward speed-ups."""
+    """The GPU kernel check (``benchmarks/kernels_gpu/run.py``): parity and forward + backward speed-ups."""
     if not data:
         return []
     out = ["### `kernels_gpu.json`", "", f"Produced by {_provenance(data)}.", "",
