@@ -194,3 +194,62 @@ def test_a_request_can_opt_out_of_the_spool(adapt_server):
     body["sampling_params"]["custom_params"] = {"specopd_spool": "no"}
     r = httpx.post(url + "/generate", json=body, timeout=120)
     assert r.status_code == 400 and "specopd_spool must be true or false" in r.text
+
+
+def _opd_adapter(adapt_server, tiny_serving_target, run_dir, algorithm, options):
+    """An in-process adapter of ``algorithm`` on the server's spool (oldest first), pushes not sent, target rows
+    scored for it counted (``client.scored``)."""
+    from specopd_trainer.adapt.config import AdaptConfig
+    from specopd_trainer.adapt.loop import Adapter
+    from specopd_trainer.client.http import SpecOPDClient
+    from specopd_trainer.drafters.registry import drafter_class_for_checkpoint
+
+    path = adapt_server.spec.drafter_path
+    drafter = drafter_class_for_checkpoint(path).from_pretrained(path, tiny_serving_target)
+    client = SpecOPDClient(adapt_server.url, admin_api_key=ADMIN)
+    client.scored = 0
+    inner = client.score_trees
+
+    def score_trees(req):
+        out = inner(req)
+        client.scored += sum(int(r.num_nodes) for r in out)
+        return out
+
+    client.score_trees = score_trees
+    cfg = AdaptConfig(algorithm=algorithm, algorithm_options=options, max_steps=3, eval_every=1000,
+                      min_train_tokens=16, min_holdout=2, holdout_every=3, poll_s=0.2, rehearsal=0.25,
+                      log_every_s=5.0)
+    ad = Adapter(client, drafter, run_dir, cfg, push=lambda d, v: None,
+                 serving_version=lambda: client.drafter_info().get("version"), progress=True)
+    return ad, client
+
+
+def _trained_on_the_server(ad, client, start):
+    import torch
+
+    out = ad.run()
+    assert out["stopped_by"] == "max_steps" and out["step"] == 3
+    assert out["trained_tokens"] > 0 and client.scored > 0  # the live target scored the drafts it learned from
+    assert any(not torch.equal(p, start[k]) for k, p in ad.drafter.state_dict().items())
+    return out
+
+
+def test_the_specopd_adapt_step_trains_on_served_traffic(adapt_server, tiny_serving_target, tmp_path):
+    import copy
+
+    _send(adapt_server.url, _prompts(6, seed=300, length=10), max_new_tokens=24)
+    ad, client = _opd_adapter(adapt_server, tiny_serving_target, tmp_path / "run", "specopd",
+                              {"seqs_per_step": 1, "anchors_per_seq": 2, "branches": 2, "loss": "e2e_fkl_is",
+                               "temperature": 1.0})
+    _trained_on_the_server(ad, client, copy.deepcopy(ad.drafter.state_dict()))
+
+
+def test_the_draft_opd_adapt_step_replays_the_served_verify_records(adapt_server, tiny_serving_target, tmp_path):
+    import copy
+
+    _send(adapt_server.url, _prompts(6, seed=400, length=10), max_new_tokens=24)
+    ad, client = _opd_adapter(adapt_server, tiny_serving_target, tmp_path / "run", "draft-opd",
+                              {"rejected_slots": "first", "rollout_prompts": 4, "max_blocks": 8})
+    serving = client.drafter_info().get("version")
+    assert ad.fresh_versions() == {serving}  # only records the serving drafter made are replayed
+    _trained_on_the_server(ad, client, copy.deepcopy(ad.drafter.state_dict()))

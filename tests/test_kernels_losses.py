@@ -157,9 +157,10 @@ def test_draft_opd_hand_case_weights_and_clamps():
 
 def test_registry():
     assert set(LOSSES) == {"ce_decay", "tv", "fkl", "rkl", "e2e_tv", "e2e_tv_fused", "e2e_fkl", "e2e_fkl_is",
-                           "draft_opd"}
+                           "draft_opd", "t0_chain_ce"}
     assert get_loss("e2e_tv") is e2e_tv_loss and get_loss("e2e_tv_fused") is fused_e2e_tv_loss
-    with pytest.raises(KeyError, match="valid names: ce_decay, draft_opd, e2e_fkl, e2e_fkl_is, e2e_tv, e2e_tv_fused, fkl, rkl, tv"):
+    with pytest.raises(KeyError, match="valid names: ce_decay, draft_opd, e2e_fkl, e2e_fkl_is, e2e_tv, e2e_tv_fused, "
+                                       "fkl, rkl, t0_chain_ce, tv"):
         get_loss("kl")
 
 

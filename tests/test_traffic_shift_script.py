@@ -90,3 +90,43 @@ def test_options_and_plot(tmp_path):
         {"t_s": 0.0, "new_tau": 1.0, "new_ci95": [0.9, 1.1]}, {"t_s": 60.0, "new_tau": 1.0, "new_ci95": [0.9, 1.1]}]}}}
     out = plot(res, tmp_path / "curve.png")
     assert out.is_file() and out.stat().st_size > 1000
+
+
+def test_every_arm_runs_by_default_and_records_where_it_came_from():
+    import importlib.util
+
+    from shift.result import arm_key, missing_arms
+
+    spec = importlib.util.spec_from_file_location("traffic_shift_script", BENCH / "shift" / "run.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    s = mod.settings_of(mod.parse([]))
+    assert s["arms"] == ["static", "sft", "draft-opd", "specopd", "auto"]
+    assert arm_key("auto") == "auto_from_traffic"
+    assert missing_arms(s, {"static": {}, "sft_from_traffic": {}}) == ["draft-opd", "specopd", "auto"]
+    prov = mod.provenance()
+    assert prov["copied_from_earlier_run"] is False and prov["ran_at"].endswith("Z")
+    assert prov["git_commit"] is None or len(prov["git_commit"].split("+")[0]) == 40
+
+
+def test_the_auto_arm_trains_sft_first_with_the_sft_options(tmp_path, monkeypatch):
+    from shift import arm
+
+    seen = {}
+
+    class FakeAdapter:
+        def __init__(self, client, drafter, run_dir, cfg, **kw):
+            seen["cfg"] = cfg
+
+    import specopd_trainer.adapt.loop as loop
+    import specopd_trainer.drafters.registry as dreg
+
+    monkeypatch.setattr(loop, "Adapter", FakeAdapter)
+    monkeypatch.setattr(dreg, "drafter_class_for_checkpoint",
+                        lambda p: type("D", (), {"from_pretrained": staticmethod(lambda *a: object())}))
+    spec = type("S", (), {"drafter_path": "x"})
+    opts = {"sft": {"seqs_per_step": 4}, "draft-opd": {"rejected_slots": "first"}}
+    arm._adapter("http://127.0.0.1:1", spec, tmp_path, "auto", {"lr": 1e-4, "algorithm_options": opts}, tmp_path)
+    cfg = seen["cfg"]
+    assert cfg.algorithm == "auto" and cfg.algorithm_options == {"seqs_per_step": 4}
+    assert cfg.auto_options == {"draft-opd": {"rejected_slots": "first"}}

@@ -99,8 +99,10 @@ def _adapter(url: str, spec, target: Path, algorithm: str, settings: Dict[str, A
 
     client = SpecOPDClient(url, admin_api_key=ADMIN_KEY)
     drafter = drafter_class_for_checkpoint(spec.drafter_path).from_pretrained(spec.drafter_path, target)
+    options = settings["algorithm_options"]
     cfg = AdaptConfig(algorithm=algorithm, lr=settings["lr"], start_at="newest", log_every_s=60.0,
-                      algorithm_options=settings["algorithm_options"].get(algorithm, {}))
+                      algorithm_options=options.get("sft" if algorithm == "auto" else algorithm, {}),
+                      auto_options={k: v for k, v in options.items() if k != "sft"} if algorithm == "auto" else {})
     return Adapter(client, drafter, run_dir, cfg, push=lambda d, v: push_drafter(url, d, v, ADMIN_KEY),
                    serving_version=lambda: _serving_version(url), progress=True)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Dict, List
 
 ARM_KEYS = {None: "static", "sft": "sft_from_traffic", "draft-opd": "draft_opd_from_traffic",
-            "specopd": "specopd_from_traffic"}
+            "specopd": "specopd_from_traffic", "auto": "auto_from_traffic"}
 
 
 def arm_key(algorithm) -> str:

@@ -2,8 +2,10 @@
 saw while ``specopd adapt`` learns from it; held-out tau on the new domains over time, per training algorithm.
 
 Arms (``--arms``; each on its own fresh ``cpu-smollm2-adapt`` server with the shipped reference drafter, the same
-traffic, the same wall-clock): ``static`` (no adapter), ``sft``, ``draft-opd``, ``specopd`` (the adapter's
-``--algorithm``). Traffic: ``--streams`` users of the OpenAI chat API (streamed, T=0, ``--max-tokens``) send the
+traffic, the same wall-clock): ``static`` (no adapter), ``sft``, ``draft-opd``, ``specopd``, ``auto`` (the adapter's
+``--algorithm``; auto: SFT until its held-out gain flattens, then the table's choice). Every arm runs in this
+invocation or in an earlier one of the same ``--run-dir`` and settings; none is copied from another run, and each
+arm records the commit and the time it ran (``provenance``). Traffic: ``--streams`` users of the OpenAI chat API (streamed, T=0, ``--max-tokens``) send the
 train-split prompts of the old domains (dialogue, coding, math, agentic) for ``--old-minutes``, then those of the
 new domains (``japanese``: flexeval's Japanese chat benchmarks; ``wordsort``: reasoning-gym's word_sorting) for
 ``--shift-minutes``. Measured with requests that are never spooled (so held-out prompts never become training data):
@@ -16,7 +18,7 @@ capturing features while serving costs the server and saves the trainer (:mod:`s
 Result: ``benchmarks/results/traffic_shift_smollm2_cpu.json`` + a PNG beside it. Resumable: each finished arm is
 kept in ``--run-dir``/arms.json and not run again::
 
-    python benchmarks/shift/run.py --shift-minutes 30 --arms static,sft,draft-opd,specopd --feature-cost
+    python benchmarks/shift/run.py --shift-minutes 30 --arms static,sft,draft-opd,specopd,auto --feature-cost
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "traffic_shift_s
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="cpu-smollm2-adapt", help="server config (name or YAML path)")
-    p.add_argument("--arms", default="static,sft,draft-opd,specopd")
+    p.add_argument("--arms", default="static,sft,draft-opd,specopd,auto")
     p.add_argument("--old-minutes", type=float, default=3.0)
     p.add_argument("--shift-minutes", type=float, default=30.0)
     p.add_argument("--curve-minutes", default="0,5,10,15,20,25,30", help="measurement times after the shift")
@@ -73,6 +75,16 @@ def settings_of(args) -> dict:
             "algorithm_options": json.loads(args.algorithm_options), "new_domains": list(NEW),
             "old_domains": list(OLD), "feature_minutes": args.feature_minutes, "warmup_s": 30.0,
             "feature_items": 64, "config": args.config}
+
+
+def provenance() -> dict:
+    """Which code ran an arm, and when: the repository's commit (``+dirty`` with local changes) and the UTC time."""
+    import time
+
+    from sglang_specopd.app.results import git_commit
+
+    return {"git_commit": git_commit(), "ran_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "copied_from_earlier_run": False}
 
 
 def main(argv=None) -> int:
@@ -110,6 +122,7 @@ def main(argv=None) -> int:
             local["shift_minutes"] = s["static_shift_minutes"]
             local["curve_minutes"] = [m for m in s["curve_minutes"] if m <= s["static_shift_minutes"]]
         arms[arm_key(algorithm)] = run_arm(a, algorithm, serve_cfg, target, local, prompts, args.run_dir)
+        arms[arm_key(algorithm)]["provenance"] = provenance()
         store.write_text(json.dumps({"settings": s, "arms": arms, "feature": done.get("feature")}) + "\n")
     feature = done.get("feature")
     if args.feature_cost and feature is None and not args.assemble_only:

@@ -28,6 +28,7 @@ import torch
 from .draft_opd_tree import tree_draft_opd
 from .e2e_kl import e2e_fkl_is_loss, e2e_fkl_loss
 from .fused import fused_e2e_tv_loss
+from .t0_chain import t0_chain_ce_loss
 from .naive import ce_decay_loss, draft_opd_loss, e2e_tv_loss, forward_kl, reverse_kl, tv_loss
 from .tree import tree_e2e_fkl, tree_e2e_fkl_is, tree_e2e_tv, tree_e2e_tv_fused, tree_per_token
 
@@ -87,6 +88,9 @@ register_loss(LossSpec("rkl", reverse_kl, tree_per_token(reverse_kl), summary="p
 register_loss(LossSpec("ce_decay", ce_decay_loss,
                        summary="DFlash SFT cross-entropy with slot decay: (draft_logits [N,G,V], labels [N,G], "
                                "gamma_decay, ignore_index)"))
+register_loss(LossSpec("t0_chain_ce", t0_chain_ce_loss,
+                       summary="T=0-aligned hard CE: slots weighted by the drafter's argmax chain reaching them "
+                               "(draft_logits [N,G,V], labels [N,G], ignore_index)"))
 register_loss(LossSpec("draft_opd", draft_opd_loss, tree_draft_opd, slot_masks=True,
                        summary="Draft-OPD: FKL on accepted slots, gamma^(k-1)-weighted RKL on rejected ones "
                                "(accepted_mask, rejected_mask)"))

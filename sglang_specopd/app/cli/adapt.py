@@ -26,7 +26,7 @@ from sglang_specopd.app.train.options import (SERVER_NAMES, _config, _guarded, _
 
 _SESSION = (*SERVER_NAMES, "admin_key", "api_key", "init", "target", "device", "dtype", "run_dir", "set_",
             "summary_json", "progress", "metrics_port")
-_HIDDEN = ("algorithm_options", "slice_header")  # slice_header: token ids, set by `specopd main` or found in the traffic
+_HIDDEN = ("algorithm_options", "auto_options", "slice_header")  # slice_header: token ids, set by `specopd main` or found in the traffic
 
 
 def _parse_sets(items: List[str]) -> Dict[str, Any]:
@@ -134,6 +134,10 @@ def run_adapt(*, server: Optional[str], admin_key: Optional[str], api_key: Optio
         f"{result['rollbacks']} rollbacks; the {'fleet' if ends.is_fleet else 'server'} serves "
         f"{result['deployed_version']!r}; "
         f"deployed drafter saved to {run_dir / 'drafter-deployed'}")
+    if result.get("schedule"):
+        from specopd_trainer.adapt.auto import describe
+
+        say(describe(result["schedule"]))
     return result
 
 

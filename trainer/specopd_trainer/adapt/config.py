@@ -12,10 +12,21 @@ class AdaptConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    algorithm: str = Field(default="sft", description="registered training algorithm the candidate learns with "
-                                                      "(one with an adapt step: sft, specopd, draft-opd)")
+    algorithm: str = Field(default="auto", description="registered training algorithm the candidate learns with "
+                                                       "(one with an adapt step: sft, specopd, draft-opd), or auto: "
+                                                       "sft until the held-out gain flattens, then the algorithm "
+                                                       "adapt/auto.py's table names for the serving temperature and "
+                                                       "the drafter (sft where no OPD win is measured)")
     algorithm_options: Dict[str, object] = Field(
         default_factory=dict, description="overrides of that algorithm's config fields (CLI: --set key=value)")
+    serving_temperature: float = Field(default=0.0, ge=0, description="auto: the temperature the server's users "
+                                                                      "sample at (0: greedy), for the table")
+    auto_flat_verdicts: int = Field(default=3, ge=1, description="auto: SFT has flattened when the last K candidate "
+                                                                 "verdicts all gained less than auto_flat_gain")
+    auto_flat_gain: float = Field(default=0.02, description="auto: the held-out greedy-walk tau gain (candidate - "
+                                                            "deployed) below which a verdict counts as flat")
+    auto_options: Dict[str, Dict[str, object]] = Field(
+        default_factory=dict, description="auto: per algorithm, overrides of its config for the phase after SFT")
     holdout_every: int = Field(default=4, ge=2, description="~1/k of the distinct prompts (a hash of the prompt's "
                                                             "ids divisible by k) are held out: never trained on, "
                                                             "used to judge candidates")

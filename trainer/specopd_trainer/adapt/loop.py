@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
+from specopd_trainer.adapt import auto
 from specopd_trainer.adapt.buffer import TrafficBuffer, TrafficSequence
 from specopd_trainer.adapt.config import AdaptConfig
 from specopd_trainer.adapt.features import FeatureSource
@@ -57,11 +58,9 @@ class Adapter:
     def __init__(self, client, drafter, run_dir: str | Path, cfg: AdaptConfig, *, push: PushFn,
                  serving_version: Callable[[], Optional[str]], progress: bool = True, sleep=time.sleep):
         from specopd_trainer.algorithms import registry
-        from specopd_trainer.algorithms.registry import AdaptContext
 
-        alg = registry.get(cfg.algorithm)
-        if alg.adapt is None:
-            raise AdaptError(f"algorithm {cfg.algorithm!r} cannot learn from traffic; choose one of "
+        if cfg.algorithm != "auto" and registry.get(cfg.algorithm).adapt is None:
+            raise AdaptError(f"algorithm {cfg.algorithm!r} cannot learn from traffic; choose auto or one of "
                              f"{', '.join(registry.adaptive())}")
         self.cfg, self.client, self.drafter, self.push_fn = cfg, client, drafter, push
         self.run_dir, self.sleep, self._serving_version = Path(run_dir), sleep, serving_version
@@ -85,14 +84,49 @@ class Adapter:
         if self._fresh and cfg.start_at == "newest":  # a new run skips what the spool(s) hold now
             self.reader.skip_to_newest()
         self._train_view, self._rehearsal_view = self.train_buf.sequences, self.rehearsal_buf.by_slice()
-        ctx = AdaptContext(drafter=drafter, client=client, train=TrainView(self), fresh_versions=self.fresh_versions,
-                           anchor=self.anchor, retain=cfg.retain)
-        self.step_fn = alg.adapt(ctx, alg.make_config(**cfg.algorithm_options))
+        if cfg.algorithm == "auto" and not self.state.schedule:
+            self.state.schedule = auto.new_schedule()
+        self.step_fn = self._make_step(self.algorithm)
         self._dep_cache: Dict[str, dict] = {}
         self._start_cache: Dict[str, dict] = {}  # the start drafter's walks (it never changes)
         self._stop: Optional[str] = None
         self._loss: Optional[float] = None
         self.status = StatusPrinter(cfg.log_every_s, enabled=progress)
+
+    @property
+    def algorithm(self) -> str:
+        """The algorithm training now (``--algorithm``, or auto's current phase)."""
+        return self.state.schedule.get("algorithm", "sft") if self.cfg.algorithm == "auto" else self.cfg.algorithm
+
+    def _make_step(self, name: str):
+        from specopd_trainer.algorithms import registry
+        from specopd_trainer.algorithms.registry import AdaptContext
+
+        alg = registry.get(name)
+        if alg.adapt is None:
+            raise AdaptError(f"algorithm {name!r} cannot learn from traffic")
+        options = (self.cfg.algorithm_options if name == "sft" or self.cfg.algorithm != "auto"
+                   else self.cfg.auto_options.get(name, {}))
+        ctx = AdaptContext(drafter=self.drafter, client=self.client, train=TrainView(self),
+                           fresh_versions=self.fresh_versions, anchor=self.anchor, retain=self.cfg.retain)
+        return alg.adapt(ctx, alg.make_config(**options))
+
+    def advance_schedule(self) -> Optional[str]:
+        """auto: after a judgement, switch from SFT to the table's choice once the held-out gain has flattened
+        (:mod:`.auto`); the same retention (rehearsal share) goes on. Returns the new algorithm, else None."""
+        if self.cfg.algorithm != "auto":
+            return None
+        cfg = self.cfg
+        arch = getattr(type(self.drafter), "drafter_name", "dflash")
+        new = auto.advance(self.state.schedule, self.state.verdicts, k=cfg.auto_flat_verdicts,
+                           threshold=cfg.auto_flat_gain, arch=arch, temperature=cfg.serving_temperature,
+                           step=self.state.step)
+        if new is not None:
+            self.step_fn = self._make_step(new)
+        if self.state.schedule.get("switched_at_step") == self.state.step:
+            self.state.note_verdict({"kind": "schedule", "step": self.state.step, **self.state.schedule})
+            self._show(force=True)
+        return new
 
     # ---- state -------------------------------------------------------------------------------------------------
     def _resume(self) -> None:
@@ -269,6 +303,7 @@ class Adapter:
                     self.judge()
                     last_judged = self.state.step
                     self.state.time("judge", time.monotonic() - t)
+                    self.advance_schedule()
                 if self.state.step - last_ckpt >= cfg.ckpt_every:
                     self.checkpoint()
                     last_ckpt = self.state.step
@@ -291,8 +326,10 @@ class Adapter:
                                                                   "holdout": self.hold_buf.counts})
 
     def _show(self, force: bool = False) -> bool:
-        return self.status.show(status_line(self.state, train_items=len(self.train_buf),
-                                            holdout_items=len(self.hold_buf), loss=self._loss), force=force)
+        line = status_line(self.state, train_items=len(self.train_buf), holdout_items=len(self.hold_buf),
+                           loss=self._loss)
+        sched = auto.describe(self.state.schedule)
+        return self.status.show(line + (f" | {sched}" if sched else ""), force=force)
 
     def _metrics_row(self) -> None:
         metrics_row(self.run_dir / "metrics.jsonl", self.state, loss=self._loss, train_items=len(self.train_buf),

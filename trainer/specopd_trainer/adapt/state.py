@@ -45,6 +45,7 @@ class AdaptState:
     # guard verdicts by "kind:outcome" (deploy | hold) and the Unix time of the last one (``--metrics-port``)
     verdict_counts: Dict[str, int] = field(default_factory=dict)
     last_verdict_unix: Optional[float] = None
+    schedule: Dict[str, Any] = field(default_factory=dict)  # --algorithm auto: its phase and choice (adapt.auto)
 
     def time(self, what: str, seconds: float) -> None:
         self.timings_s[what] = round(self.timings_s.get(what, 0.0) + seconds, 3)
