@@ -20,11 +20,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, List, Optional, Tuple
 from urllib.parse import urlsplit
 
-from sglang_specopd.wire.protocol import BINARY_CONTENT_TYPE, QUEUE_WAIT_HEADER, SCORE_TREES_PATH, SWAP_DRAFTER_PATH
+from sglang_specopd.wire.protocol import (ADMIN_KEY_HEADER, BINARY_CONTENT_TYPE, QUEUE_WAIT_HEADER, SCORE_TREES_PATH,
+                                         SWAP_DRAFTER_PATH)
 
 from .stats import status_key
 
-FORWARD_HEADERS = ("Content-Type", "Authorization", "Accept")
+FORWARD_HEADERS = ("Content-Type", "Authorization", "Accept", ADMIN_KEY_HEADER)  # the admin key: hidden / features
 
 
 def reply_malformed(path: str, status: int, content_type: str, body: bytes) -> bool:
