@@ -31,8 +31,6 @@ T = TypeVar("T")
 # (conftest's ``tiny_specopd_server`` is another name for ``tiny_admin_server``: it depends on it, so its modules
 # are grouped with that server's.)
 SHARED_SERVER_FIXTURES = ("tiny_admin_server", "parity_server", "hybrid_specopd_server", "qsa_specopd_server")
-# shared servers whose modules xdist may spread over this many workers (:func:`xdist_groups`)
-SPLIT_SERVERS = {"tiny_admin_server": 2}
 # Every fixture that starts a real SGLang server (or whose value comes from one): a test that uses one of them, even
 # through another fixture, gets the ``server`` marker (conftest's ``pytest_collection_modifyitems``), so
 # ``-m "not server"`` (``scripts/test.sh --quick``) leaves it out. A test that launches a server itself (a CLI, a
@@ -142,20 +140,13 @@ def xdist_groups(items: list) -> None:
     """Under pytest-xdist (``--dist loadgroup``, what ``scripts/test.sh`` runs with ``-n 2``): every test gets an
     ``xdist_group`` so that each shared server is started by one worker only and each module-scoped fixture once.
     The group of a module is the shared server it uses (so all of that server's modules run on one worker, one
-    after another, in :func:`group_modules` order), else the module itself. The modules of a server in
-    :data:`SPLIT_SERVERS` are dealt into that many groups (sorted module names, in turn): the tiny admin server's
-    modules are about half the suite's time, so one worker holding all of them set the wall time; each worker
-    that gets one of its groups starts its own copy (one more ~50 s start, both workers busy to the end)."""
+    after another, in :func:`group_modules` order), else the module itself."""
     key: Dict[str, str] = {}
     for it in items:
         mod = it.nodeid.split("::", 1)[0]
         shared = next((n for n in SHARED_SERVER_FIXTURES if n in getattr(it, "fixturenames", ())), None)
         if shared is not None or mod not in key:
             key[mod] = shared or key.get(mod) or mod
-    for server, n in SPLIT_SERVERS.items():
-        mods = sorted(m for m, k in key.items() if k == server)
-        for i, m in enumerate(mods):
-            key[m] = f"{server}#{i % n}"
     for it in items:
         group = key[it.nodeid.split("::", 1)[0]]
         it.add_marker(pytest.mark.xdist_group(name=group))

@@ -56,10 +56,12 @@ def test_features_captured_while_serving_equal_score_trees_features(adapt_server
     cfg = json.loads((Path(adapt_server.spec.drafter_path) / "config.json").read_text())
     layer_ids = list(cfg["dflash_config"]["target_layer_ids"])
     shared = list(range(20, 52))  # 32 tokens the radix cache keeps after the first request
-    _send(url, _prompts(1, seed=1, shared=shared) + _prompts(2, seed=2, shared=shared) + _prompts(1, seed=3))
     with SpecOPDClient(url, admin_api_key=ADMIN) as c:
-        page = c.traffic_page(0, None, 64)
-        items = page["items"][-4:]
+        before = c.traffic_page(0, None, 1)["stats"]["newest_seq"] or 0  # what other tests recorded first
+        _send(url, _prompts(1, seed=1, shared=shared) + _prompts(2, seed=2, shared=shared) + _prompts(1, seed=3))
+        page = c.traffic_page(before, None, 64)
+        items = page["items"]
+        assert len(items) == 4, [it["seq"] for it in items]
         got, missing = c.traffic_features([it["seq"] for it in items], page["spool_id"])
         assert missing == [] and set(got) == {it["seq"] for it in items}
         starts = []
