@@ -39,6 +39,19 @@ def check_pair(target_logits: torch.Tensor, draft_logits: torch.Tensor, blocks: 
         raise ValueError(f"expected [N, G, V] logits, got shape {tuple(target_logits.shape)}")
 
 
+def check_logits_labels(draft_logits, labels) -> None:
+    """Raise TypeError / ValueError unless ``draft_logits`` is a float [N, G, V] tensor and ``labels`` an integer
+    [N, G] tensor (the slot losses' inputs)."""
+    if not isinstance(draft_logits, torch.Tensor) or not draft_logits.dtype.is_floating_point:
+        raise TypeError("draft_logits must be a floating point tensor")
+    if draft_logits.dim() != 3:
+        raise ValueError(f"draft_logits must be [N, G, V], got shape {tuple(draft_logits.shape)}")
+    if not isinstance(labels, torch.Tensor) or labels.dtype.is_floating_point or labels.dtype == torch.bool:
+        raise TypeError("labels must be an integer tensor")
+    if tuple(labels.shape) != tuple(draft_logits.shape[:2]):
+        raise ValueError(f"labels shape {tuple(labels.shape)} != {tuple(draft_logits.shape[:2])}")
+
+
 def check_mask(mask: Optional[torch.Tensor], shape, name: str) -> Optional[torch.Tensor]:
     """Validate an optional bool mask of the given shape and return it (None passes through).
 
@@ -179,14 +192,7 @@ def ce_decay_loss(draft_logits: torch.Tensor, labels: torch.Tensor, gamma_decay:
     label).  Raises ValueError for gamma_decay <= 0 or a label outside [0, V).  Source: DFlash (z-lab/dflash),
     SpecForge specforge/core/dflash.py; gamma ~7 for block 16.
     """
-    if not isinstance(draft_logits, torch.Tensor) or not draft_logits.dtype.is_floating_point:
-        raise TypeError("draft_logits must be a floating point tensor")
-    if draft_logits.dim() != 3:
-        raise ValueError(f"draft_logits must be [N, G, V], got shape {tuple(draft_logits.shape)}")
-    if not isinstance(labels, torch.Tensor) or labels.dtype.is_floating_point or labels.dtype == torch.bool:
-        raise TypeError("labels must be an integer tensor")
-    if tuple(labels.shape) != tuple(draft_logits.shape[:2]):
-        raise ValueError(f"labels shape {tuple(labels.shape)} != {tuple(draft_logits.shape[:2])}")
+    check_logits_labels(draft_logits, labels)
     if not gamma_decay > 0:
         raise ValueError(f"gamma_decay must be > 0, got {gamma_decay}")
     n, g, v = draft_logits.shape

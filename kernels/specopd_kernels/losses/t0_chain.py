@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from specopd_kernels.losses.naive import check_logits_labels
+
 
 def t0_chain_ce_loss(draft_logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
     """L = sum_{n,k} w_{n,k} CE_{n,k} / sum_{n,k} w_{n,k}, w_{n,1} = 1, w_{n,k} = prod_{j<k} [argmax q_{n,j} = y_{n,j}]
@@ -20,14 +22,7 @@ def t0_chain_ce_loss(draft_logits: torch.Tensor, labels: torch.Tensor, ignore_in
     tokens), ignore_index marks padding. Returns an fp32 scalar (0 with a graph when no slot is reached). Raises
     TypeError / ValueError on bad dtypes, shapes or labels outside [0, V). Source: ours (issue 52), the greedy
     special case of E2E's acceptance weights with the argmax chain in place of prod q(y)."""
-    if not isinstance(draft_logits, torch.Tensor) or not draft_logits.dtype.is_floating_point:
-        raise TypeError("draft_logits must be a floating point tensor")
-    if draft_logits.dim() != 3:
-        raise ValueError(f"draft_logits must be [N, G, V], got shape {tuple(draft_logits.shape)}")
-    if not isinstance(labels, torch.Tensor) or labels.dtype.is_floating_point or labels.dtype == torch.bool:
-        raise TypeError("labels must be an integer tensor")
-    if tuple(labels.shape) != tuple(draft_logits.shape[:2]):
-        raise ValueError(f"labels shape {tuple(labels.shape)} != {tuple(draft_logits.shape[:2])}")
+    check_logits_labels(draft_logits, labels)
     v = draft_logits.shape[-1]
     valid = labels != ignore_index
     if ((labels[valid] < 0) | (labels[valid] >= v)).any():
