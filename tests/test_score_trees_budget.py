@@ -36,8 +36,6 @@ from sglang_specopd.server.scoring.cost import (
 )
 from sglang_specopd.server.scoring.line import LineBusy, ScoreLine
 from sglang_specopd.wire.protocol import (
-    ADMIN_KEY_HEADER,
-    BINARY_CONTENT_TYPE,
     QUEUE_WAIT_HEADER,
     SCORE_TREES_PATH,
     ScoreTreesError,
@@ -385,9 +383,9 @@ def _exactness_requests(vocab: int) -> Dict[str, ScoreTreesRequest]:
 def _post(url: str, req: ScoreTreesRequest, timeout: float = 300.0, admin_key: Optional[str] = None) -> httpx.Response:
     """POST ``req`` in the binary codec; ``admin_key`` for a server that has one (hidden states / features need it;
     the budget server has no key at all, so it serves them to anyone)."""
-    key = {ADMIN_KEY_HEADER: admin_key} if admin_key else {}
-    return httpx.post(url + SCORE_TREES_PATH, content=request_to_binary(req),
-                      headers={"Content-Type": BINARY_CONTENT_TYPE, **key}, timeout=timeout)
+    from support.score_trees import post_score
+
+    return post_score(url, req, binary=True, timeout=timeout, admin_key=admin_key)
 
 
 def _score(url: str, req: ScoreTreesRequest, admin_key: Optional[str] = None):
