@@ -12,7 +12,8 @@ most tests that use one, so modules that need the same configuration share one s
   after another, at the place of the first of them, so a shared server is up for one stretch of the session;
 * :func:`checkout` puts a shared SPECOPD server back the way it started before each module uses it: a staged
   rollout transaction aborted, the start-up drafter serving again under its start-up version name (``"initial"``)
-  if a module swapped drafters, SGLang's radix cache flushed, the score_trees prefix cache (if any) emptied. So a
+  if a module swapped drafters, the start-up speculative policy (``fixed`` / ``goodput``) if a module changed it,
+  SGLang's radix cache flushed, the score_trees prefix cache (if any) emptied. So a
   module sees what a fresh server would show, except the swap counter, which keeps counting (tests compare it
   with the value they read first).
 """
@@ -186,6 +187,17 @@ def remember_start(srv) -> None:
     path when the server has an admin key) for :func:`checkout`."""
     srv.extra["initial_info"] = drafter_info(srv.url, srv.spec.admin_api_key)
     srv.extra["swaps_seen"] = 0
+    srv.extra["initial_policy"] = _policy_name(srv.url)
+
+
+def _policy_name(url: str) -> Optional[str]:
+    """The serving speculative policy (``GET /specopd/policy``), None where the server has no policy route."""
+    import httpx
+
+    from sglang_specopd.wire.policy import POLICY_PATH
+
+    r = httpx.get(url + POLICY_PATH, timeout=60)
+    return r.json().get("policy") if r.status_code == 200 else None
 
 
 def checkout(srv) -> None:
@@ -212,6 +224,12 @@ def checkout(srv) -> None:
         now = drafter_info(srv.url, srv.spec.admin_api_key)
         assert now["version"] == initial["version"] and now["path"] == initial["path"], now
     srv.extra["swaps_seen"] = now["swaps"]
+    policy = srv.extra.get("initial_policy")
+    if policy is not None and _policy_name(srv.url) != policy:  # a module left another policy serving
+        from sglang_specopd.wire.policy import POLICY_PATH
+
+        r = httpx.post(srv.url + POLICY_PATH, json={"policy": policy}, headers=headers, timeout=60)
+        assert r.status_code == 200, f"restoring the start-up policy -> {r.status_code}: {r.text[:300]}"
     r = httpx.post(srv.url + "/flush_cache", params={"timeout": 30}, headers=headers, timeout=90)
     assert r.status_code == 200, f"/flush_cache -> {r.status_code}: {r.text[:300]}"
     if srv.spec.prefix_cache_mb:

@@ -315,3 +315,24 @@ def test_metrics_move_after_traffic_and_a_swap(policy_server, tiny_drafter) -> N
     assert moved("specopd:score_trees_requests_total") == 1
     assert moved("specopd:score_trees_refusals_total", code=413) == 1
     assert all(dict(lab).get("model_name") for (n, lab), _ in after.items() if n.startswith("specopd:"))
+
+
+def test_the_main_jobs_speed_arms_run_plain_steps_then_swap_and_swap_back(policy_server: RunningServer) -> None:
+    """measure_speed on the real server: the plain arm runs only k = 0 steps, the drafter arms speculate, the
+    start drafter is swapped in before its arm and the adapted one back after it, every prompt is paired."""
+    from sglang_specopd.app.bench.client import BenchPrompt
+    from sglang_specopd.app.main_job.speed import measure_speed
+
+    calls: List[str] = []
+    prompts = [BenchPrompt(f"p{i}", ("japanese", "wordsort")[i % 2], tuple(range(5 + i, 12 + i))) for i in range(4)]
+    got = measure_speed(policy_server.url, TINY_ADMIN_KEY, prompts, max_new_tokens=8, warmup=1,
+                        swap_start=lambda: calls.append("start"), swap_adapted=lambda: calls.append("adapted"),
+                        domains=["japanese", "wordsort"], say=lambda m: calls.append("say"))
+    assert [c for c in calls if c != "say"] == ["start", "adapted"]
+    hist = got["policy_k_histogram"]
+    assert {int(k) for k, n in hist["plain"].items() if n} == {0}
+    assert any(int(k) > 0 and n for k, n in hist["adapted"].items())
+    assert got["prompts"] == 4 and all(len(got["records"][a]) == 4 for a in ("plain", "start", "adapted"))
+    assert all(r["completion_tokens"] == 8 for r in got["records"]["plain"])
+    assert got["plain"] > 0 and got["ratios"]["adapted_over_plain"]["prompts"] == 4
+    assert set(got["by_domain"]) == {"japanese", "wordsort"}

@@ -72,3 +72,61 @@ def test_main_job_summary_has_every_domains_change_with_its_interval():
     assert res["paired_change"]["old"]["by_domain"]["coding"]["ci95"] == [0.0, 0.0]
     assert MainJobConfig().eval_old >= 12  # >= 12 prompts per old domain
     assert "japanese" in change_line("new domains", res["paired_change"]["new"])
+
+
+def test_main_job_rows_name_every_domains_change_and_the_speed():
+    from sglang_specopd.app.bench.report.adapt import headline, main_job_item
+
+    by = {"new": {"japanese": {"mean": 0.2, "ci95": [0.1, 0.3]}, "wordsort": {"mean": 1.4, "ci95": [1.0, 1.8]}},
+          "old": {"coding": {"mean": -0.071, "ci95": [-0.12, -0.02]}}}
+    mj = {"new_domains": ["japanese", "wordsort"], "old_domains": ["coding"],
+          "before": {"new": {"mean": 1.1, "ci95": [1.0, 1.2]}, "old": {"mean": 1.8, "ci95": [1.7, 1.9]}},
+          "after": {"new": {"mean": 1.9, "ci95": [1.6, 2.2]}, "old": {"mean": 1.79, "ci95": [1.7, 1.9]}},
+          "paired_change": {g: {**_diff(0.8, 0.5, 1.1), "by_domain": by[g]} for g in ("new", "old")},
+          "speed": {"plain": 30.14, "start": 28.0, "adapted": 36.2,
+                    "ratios": {"adapted_over_plain": {"mean": 1.2, "ci95": [1.1, 1.31], "prompts": 24},
+                               "start_over_plain": {"mean": 0.93, "ci95": [0.9, 0.96], "prompts": 24}}}}
+    item = main_job_item("main_job_smollm2_cpu.json", mj)[0]
+    rows = headline({"main_job_smollm2_cpu.json": mj})
+    assert [r[0].split(":")[0] for r in rows] == ["Main job (fresh clone)", "Main job", "Main job"]
+    per_domain, speed = rows[1][1], rows[2][1]
+    assert "per domain" in rows[1][0] and "tokens/s" in rows[2][0]
+    assert per_domain == ("japanese +0.200 [+0.100, +0.300], wordsort +1.400 [+1.000, +1.800], "
+                          "coding -0.071 [-0.120, -0.020]")
+    assert speed == ("plain 30.1 / start 28.0 / adapted 36.2 tokens/s, adapted / plain 1.20x [1.10, 1.31], "
+                     "start / plain 0.93x [0.90, 0.96]")
+    assert per_domain in item and speed in item
+    del mj["speed"]
+    assert len(headline({"main_job_smollm2_cpu.json": mj})) == 2 and "speed" not in main_job_item("m", mj)[0]
+
+
+def test_goodput_rows_one_per_file_and_temperature_agree_with_the_item():
+    from sglang_specopd.app.bench.report.goodput import goodput_headline, goodput_item
+
+    def lv(c, t, g, lo, hi, f):
+        return {"concurrency": c, "temperature": t, "goodput_over_plain": g, "goodput_over_plain_ci95": [lo, hi],
+                "fixed_over_plain": f, "fixed_over_plain_ci95": [f - 0.05, f + 0.05]}
+
+    a = {"counts_as_result": True, "limit_per_domain": 24, "max_new_tokens": 64,
+         "levels": [lv(2, 0.0, 1.1, 1.0, 1.2, 1.05), lv(1, 0.0, 1.17, 1.12, 1.21, 1.15), lv(1, 1.0, 0.99, 0.97, 1.01, 0.9)],
+         "k0_step_over_plain_step": {"1": 1.01, "2": 0.99}}
+    small = {**a, "counts_as_result": False}
+    rows = goodput_headline({"goodput_smollm2_epyc-avx2-fp32.json": a, "goodput_smollm2_x.json": small, "other.json": a})
+    assert [(r[1], r[2]) for r in rows] == [("1.17x [1.12, 1.21] / 1.10x [1.00, 1.20]",
+                                             "goodput_smollm2_epyc-avx2-fp32.json"),
+                                            ("0.99x [0.97, 1.01]", "goodput_smollm2_epyc-avx2-fp32.json")]
+    assert "T0 (output tokens/s at concurrency 1 / 2" in rows[0][0] and ", T1 (" in rows[1][0]
+    item = goodput_item("goodput_smollm2_epyc-avx2-fp32.json", a)[0]
+    for value in ("1.17x [1.12, 1.21]", "1.10x [1.00, 1.20]", "0.99x [0.97, 1.01]"):
+        assert value in item
+    assert "fixed 1.15x [1.10, 1.20]" in item and "batch 1: 1.01, 2: 0.99" in item
+    assert goodput_item("g", {"levels": []}) == []
+
+
+def test_machine_kind_names_vendor_simd_and_serving_dtype():
+    from sglang_specopd.app.results import machine_kind
+
+    assert machine_kind({"cpu": "AMD EPYC 9R14", "cpu_simd": "AVX2", "cpu_native_bf16": False}) == "epyc-avx2-fp32"
+    assert machine_kind({"cpu": "Intel(R) Xeon(R) Processor", "cpu_simd": "AVX512", "cpu_native_bf16": True}) \
+        == "xeon-avx512-bf16"
+    assert machine_kind({"gpu": "NVIDIA H100 80GB HBM3"}) == "nvidia-h100-80gb-hbm3"

@@ -36,6 +36,7 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fuzz_routes.admin_routes import ADMIN_STRATEGIES  # noqa: E402  (rollout, policy, traffic)
 from fuzz_routes.crafted import crafted  # noqa: E402  (the crafted hostile kinds)
 from fuzz_routes.strategies import STRATEGIES as ROUTE_STRATEGIES  # noqa: E402  (one source of the strategies)
 from fuzz_routes.strategies import (  # noqa: E402
@@ -46,7 +47,7 @@ from fuzz_routes.strategies import (  # noqa: E402
 )
 from sglang_specopd.wire.protocol import BINARY_CONTENT_TYPE, decode_tensors  # noqa: E402
 
-STRATEGIES = {**ROUTE_STRATEGIES, "crafted": crafted}
+STRATEGIES = {**ROUTE_STRATEGIES, **ADMIN_STRATEGIES, "crafted": crafted}
 EXAMPLES_ENV = "SPECOPD_FUZZ_EXAMPLES"
 DEFAULT_EXAMPLES = 150
 REQUEST_TIMEOUT_S = 60.0  # no answer within this: a timeout (counted, and a violation)
@@ -238,6 +239,31 @@ def greedy_probe(url: str) -> List[int]:
     return r.json()["output_ids"]
 
 
+def start_up_policy(url: str) -> Optional[str]:
+    """The server's speculative policy (``fixed`` / ``goodput``) before the fuzz; None without the policy route."""
+    from sglang_specopd.wire.policy import POLICY_PATH
+
+    r = httpx.get(url + POLICY_PATH, timeout=60)
+    return r.json().get("policy") if r.status_code == 200 else None
+
+
+def clean_up(url: str, route: str, policy: Optional[str]) -> None:
+    """After a route's examples, undo what valid ones changed so that later routes (and the tests sharing the
+    server) see it as it was: a staged rollout transaction is aborted, the start-up policy set again."""
+    from sglang_specopd.wire.policy import POLICY_PATH
+    from sglang_specopd.wire.protocol import DRAFTER_ADMIN_INFO_PATH
+    from sglang_specopd.wire.rollout import ABORT_DRAFTER_PATH
+
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    if route == "rollout":
+        staged = httpx.get(url + DRAFTER_ADMIN_INFO_PATH, headers=headers, timeout=60).json().get("staged")
+        if staged:
+            httpx.post(url + ABORT_DRAFTER_PATH, json={"txn": staged["txn"]}, headers=headers,
+                       timeout=60).raise_for_status()
+    elif route == "policy" and policy is not None:
+        httpx.post(url + POLICY_PATH, json={"policy": policy}, headers=headers, timeout=60).raise_for_status()
+
+
 def healthy(url: str) -> bool:
     try:
         return httpx.get(url + "/health", timeout=60).status_code == 200
@@ -260,12 +286,16 @@ def run_all(target: Target, total: int, *, strict: bool, on_route: Optional[Call
     """Probe, fuzz every route (``total`` examples split by :data:`WEIGHTS`), probe again: the result dict.
     ``on_route``: called with the partial summary (``routes_done``) after each route (a long run's progress)."""
     before = greedy_probe(target.url)
+    start_policy = start_up_policy(target.url)
     tally, t0 = Tally(), time.monotonic()
     for route, n in examples_per_route(total).items():
-        if route == "crafted":  # kind by kind, so that every kind gets its share
-            fuzz_kinds(target, crafted_split(n), tally, strict=strict)
-        else:
-            fuzz_route(target, route, n, tally, strict=strict)
+        try:
+            if route == "crafted":  # kind by kind, so that every kind gets its share
+                fuzz_kinds(target, crafted_split(n), tally, strict=strict)
+            else:
+                fuzz_route(target, route, n, tally, strict=strict)
+        finally:
+            clean_up(target.url, route, start_policy)
         if on_route is not None:
             on_route({**tally.summary(), "routes_done": sorted(tally.statuses), "complete": False,
                       "wall_s": round(time.monotonic() - t0, 1)})

@@ -31,8 +31,9 @@ ADMIN_KEY = "fuzz-admin"
 # score_trees with or without the admin key: hidden states and features need it (401 without), the rest not
 score_key = st.sampled_from([{}, {ADMIN_KEY_HEADER: ADMIN_KEY}])
 # share of the examples per route (generation and swaps cost the most server time per example)
-WEIGHTS = {"score_trees_json": 0.17, "score_trees_binary": 0.17, "swap": 0.17, "swap_no_key": 0.04,
-           "prefix_cache": 0.08, "generate": 0.22, "crafted": 0.15}
+# (rollout, policy, traffic: fuzz_routes/admin_routes.py)
+WEIGHTS = {"score_trees_json": 0.15, "score_trees_binary": 0.15, "swap": 0.14, "swap_no_key": 0.04,
+           "prefix_cache": 0.07, "generate": 0.15, "crafted": 0.15, "rollout": 0.06, "policy": 0.04, "traffic": 0.05}
 HUGE = [-2**63 - 1, -2**63, -1, 2**31, 2**63 - 1, 2**63, 2**64, 10**30]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2,
           torch.int64, torch.int32, torch.uint8, torch.bool]

@@ -8,7 +8,8 @@ Starts three servers from ``--config`` (all up at once; idle CPU servers sleep):
 with ``concurrency`` requests in flight (``specopd bench serve``'s client). The speculative servers' policy
 statistics (``GET /specopd/policy``) are read before and after, so each level has its own chosen-k histogram and
 step-time breakdown, and ``k0_step_over_plain_step`` (``k0_step.py``: a k = 0 step against a plain decode step at
-batch 1, 2, 4, 8, one server at a time). Writes ``benchmarks/results/goodput_smollm2_cpu.json`` (keys in shared notes ``results.md``):
+batch 1, 2, 4, 8, one server at a time). Writes ``benchmarks/results/goodput_smollm2_<machine kind>.json``
+(e.g. ``goodput_smollm2_epyc-avx2-fp32.json``; keys in shared notes ``results.md``):
 throughput per arm, the ratios to plain with paired bootstrap 95% intervals over prompts, tau, k histograms, the
 measured cost curve and the step breakdown. Run it on a quiet machine (about an hour at the defaults)::
 
@@ -31,34 +32,12 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from sglang_specopd.app.bench.metrics import ratio_ci
+
 DOMAINS = ["dialogue", "coding", "math", "agentic"]
-RESULT = Path("benchmarks/results/goodput_smollm2_cpu.json")
+RESULT = "benchmarks/results/goodput_smollm2_{kind}.json"  # {kind}: the machine kind (app.results.machine_kind)
 ARMS = ("plain", "fixed", "goodput")
 MIN_PROMPTS = 24
-N_BOOT = 2000
-
-
-def ratio_ci(arm: Sequence[Mapping[str, Any]], base: Sequence[Mapping[str, Any]], *, n_boot: int = N_BOOT,
-             seed: int = 0) -> Dict[str, Any]:
-    """Throughput of ``arm`` over ``base`` on the prompts both completed, as sum(tokens) / sum(latency) of each
-    (the level's throughput up to the shared factor of the concurrency), with a paired bootstrap 95% interval
-    over prompts. Records: ``id``, ``ok``, ``completion_tokens``, ``latency_s``. Raises ValueError without a
-    common completed prompt."""
-    a = {r["id"]: r for r in arm if r["ok"]}
-    b = {r["id"]: r for r in base if r["ok"]}
-    ids = sorted(set(a) & set(b))
-    if not ids:
-        raise ValueError("no prompt completed on both servers")
-    x = np.array([[a[i]["completion_tokens"], a[i]["latency_s"], b[i]["completion_tokens"], b[i]["latency_s"]]
-                  for i in ids], dtype=np.float64)
-
-    def ratio(rows: np.ndarray) -> np.ndarray:
-        s = rows.sum(axis=-2)
-        return (s[..., 0] / s[..., 1]) / (s[..., 2] / s[..., 3])
-
-    idx = np.random.default_rng(seed).integers(0, len(ids), size=(n_boot, len(ids)))
-    lo, hi = np.quantile(ratio(x[idx]), [0.025, 0.975])
-    return {"mean": float(ratio(x)), "ci95": [float(lo), float(hi)], "prompts": len(ids)}
 
 
 def stats_delta(before: Mapping[str, Any], after: Mapping[str, Any]) -> Dict[str, Any]:
@@ -210,7 +189,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--block-size", type=int, default=None,
                     help="serve at this block size (a block-4 / block-2 drafter; default: the config's)")
-    ap.add_argument("--out", default=str(RESULT))
+    ap.add_argument("--out", default=RESULT, help="result file; {kind} is replaced by the machine kind, e.g. "
+                    "epyc-avx2-fp32 (one file per kind)")
     ap.add_argument("--k0-waves", type=int, default=3, help="waves per batch size of the k = 0 step vs plain step "
                                                             "measurement (k0_step.py; 0: skip it)")
     ap.add_argument("--one-server-at-a-time", action="store_true",
@@ -220,7 +200,7 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from concurrency_reference.run import shipped_reference
 
-    from sglang_specopd.app.results import write_result
+    from sglang_specopd.app.results import machine_kind, write_result
 
     drafter = args.drafter or shipped_reference(args.config)
     runs, orders, last, skipped = measure(args, drafter, say=lambda m: print(m, file=sys.stderr))
@@ -252,7 +232,7 @@ def main(argv=None) -> int:
     if args.k0_waves:  # k0_step_over_plain_step: a k = 0 step against a plain decode step at batch 1, 2, 4, 8
         payload.update(k0_step(args.config, drafter, args.k0_waves, say=lambda m: print(m, file=sys.stderr)))
     command = "python " + " ".join(["benchmarks/goodput/run.py", *(argv if argv is not None else sys.argv[1:])])
-    write_result(Path(args.out), payload, command=command)
+    write_result(Path(args.out.replace("{kind}", machine_kind())), payload, command=command)
     return 0
 
 

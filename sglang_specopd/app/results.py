@@ -67,6 +67,18 @@ def machine_info() -> Dict[str, Any]:
             "gpu": gpu, "memory_gib": mem_gib}
 
 
+def machine_kind(machine: Optional[Dict[str, Any]] = None) -> str:
+    """A short name of the machine kind for result file names: ``xeon-avx512-bf16``, ``epyc-avx2-fp32``, or the GPU
+    (``nvidia-h100-80gb-hbm3``). ``machine``: a :func:`machine_info` dict (default: this machine's)."""
+    m = machine or machine_info()
+    if m.get("gpu"):
+        return "-".join(str(m["gpu"]).lower().replace("nvidia ", "nvidia-").split())
+    cpu = str(m.get("cpu") or "")
+    vendor = "xeon" if "Xeon" in cpu else "epyc" if "EPYC" in cpu else "cpu"
+    simd = str(m.get("cpu_simd") or "unknown-simd").lower()
+    return f"{vendor}-{simd}-{'bf16' if m.get('cpu_native_bf16') else 'fp32'}"
+
+
 def versions() -> Dict[str, Any]:
     """python, torch, sglang, transformers and this project's version."""
     out: Dict[str, Any] = {"python": platform.python_version()}

@@ -50,11 +50,14 @@ class BenchPrompt:
 
 @dataclass(frozen=True)
 class RequestParams:
-    """Sampling for every request: ``max_new_tokens`` (tokens), ``temperature`` (0 = greedy), ``ignore_eos``."""
+    """Sampling for every request: ``max_new_tokens`` (tokens), ``temperature`` (0 = greedy), ``ignore_eos``;
+    ``spool``: False asks a SPECOPD server not to keep the request in its traffic spool (``custom_params``
+    ``specopd_spool``: measurement requests are not traffic to learn from); None sends nothing."""
 
     max_new_tokens: int
     temperature: float = 0.0
     ignore_eos: bool = False
+    spool: Optional[bool] = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1 or self.temperature < 0:
@@ -163,6 +166,8 @@ def completion_payload(prompt: BenchPrompt, params: RequestParams) -> Dict[str, 
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         "return_spec_tokens_details": True,
     }
+    if params.spool is not None:
+        body["custom_params"] = {"specopd_spool": params.spool}
     if params.temperature > 0:
         seed = sampling_params(params.temperature, params.max_new_tokens, prompt.id)["sampling_seed"]
         body.update(top_p=1.0, top_k=-1, seed=seed)

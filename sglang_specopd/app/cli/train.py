@@ -17,7 +17,7 @@ from sglang_specopd.app.train.options import _config, _guarded
 # `specopd main` option -> MainJobConfig field (for one-line errors that name the flag)
 _MAIN_FLAGS = {"config": "--config", "traffic_minutes": "--traffic-minutes", "old_minutes": "--old-minutes",
                "eval_new": "--eval-new",
-               "eval_old": "--eval-old", "algorithm": "--algorithm", "streams": "--streams", "out": "--out"}
+               "eval_old": "--eval-old", "speed_prompts": "--speed-prompts", "algorithm": "--algorithm", "streams": "--streams", "out": "--out"}
 
 
 @app.command("main", cls=OneLineCommand)
@@ -29,7 +29,9 @@ def main_job(
     streams: int = typer.Option(3, help="Concurrent users sending the traffic."),
     algorithm: str = typer.Option("sft", help="The adapter's training algorithm (sft, specopd, draft-opd)."),
     eval_new: int = typer.Option(24, help="Held-out prompts per new domain for tau before / after."),
-    eval_old: int = typer.Option(6, help="Held-out prompts per old domain (the forgetting check)."),
+    eval_old: int = typer.Option(12, help="Held-out prompts per old domain (the forgetting check)."),
+    speed_prompts: int = typer.Option(12, help="Held-out prompts per new domain for the closing tokens/s of plain, "
+                                      "start and adapted drafter (0: skip)."),
     out: Optional[Path] = typer.Option(None, help="Also write the summary there (a result file: an earlier one "
                                        "moves to history/)."),
 ) -> None:
@@ -44,13 +46,14 @@ def main_job(
         from rich.table import Table
 
         from sglang_specopd.app.main_job.run import MainJobConfig, run_main_job
-        from sglang_specopd.app.main_job.report import change_line, deployed_line, format_timings
+        from sglang_specopd.app.main_job.report import change_line, deployed_line, format_timings, speed_line
         from sglang_specopd.wire.home import specopd_home
 
         cfg = _config(MainJobConfig, _MAIN_FLAGS, {"config": config, "traffic_minutes": traffic_minutes,
                                                    "old_minutes": old_minutes,
                                                    "streams": streams, "algorithm": algorithm, "eval_new": eval_new,
-                                                   "eval_old": eval_old, "out": out})
+                                                   "eval_old": eval_old, "out": out,
+                                                   "speed_prompts": speed_prompts})
         console = Console(stderr=True)
         res = run_main_job(cfg, say=lambda m: console.print(m, markup=False, highlight=False, soft_wrap=True))
         summary_path = specopd_home() / "main_job" / "summary.json"
@@ -73,6 +76,7 @@ def main_job(
         typer.echo(change_line("new domains", res["paired_change"]["new"]))
         typer.echo(change_line("old domains", res["paired_change"]["old"]))
         typer.echo(deployed_line(res))
+        typer.echo(speed_line(res.get("speed")))
         a = res["adapt"]
         typer.echo(f"traffic: {res['traffic']['requests']} requests ({res['traffic']['errors']} errors), "
                    f"{a['traffic_tokens_seen']} tokens seen, {a['traffic_tokens_trained']} response tokens trained on, "

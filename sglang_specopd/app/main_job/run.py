@@ -13,7 +13,10 @@ live, against ONE local SGLang server that keeps serving throughout.
    ``algorithm`` and pushes it hot only when it beats the deployed drafter on the held-out slice of the traffic and
    is not worse on the older held-out traffic (the old domains);
 4. measure the same held-out prompts again with whatever is deployed; the paired change per group with its bootstrap
-   interval, what was deployed and why, one chat completion, timings, all also written as JSON.
+   interval, what was deployed and why, one chat completion, timings, all also written as JSON;
+5. speed (:mod:`sglang_specopd.app.main_job.speed`): tokens/s on the new domains' held-out prompts of plain decoding,
+   of the start drafter and of the adapted drafter, in the same server process under the goodput policy, paired by
+   prompt (``speed: {plain, start, adapted, ratios, by_domain}``).
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ class MainJobConfig(BaseModel):
     traffic_max_tokens: int = Field(default=96, ge=8)
     algorithm: str = Field(default="sft", description="the adapter's training algorithm (specopd adapt)")
     lr: float = Field(default=1e-4, gt=0, description="the adapter's learning rate")
+    speed_prompts: int = Field(default=12, ge=0, description="held-out prompts per new domain for the closing "
+                                                               "tokens/s of plain / start / adapted (0: skip it)")
+    speed_warmup: int = Field(default=2, ge=0, description="unmeasured prompts before each speed arm")
     out: Optional[Path] = Field(default=None, description="also write the summary JSON there (a result file: an "
                                                           "earlier one moves to history/)")
     port: int = 0
@@ -113,11 +119,44 @@ def run_main_job(cfg: MainJobConfig, say=print) -> Dict[str, Any]:
             "messages": sample["messages"],
             "custom_params": {"specopd_spool": False}}).json()["choices"][0]
         saved = None
-        if adapted["pushes"] and info.get("version") == adapted["deployed_version"]:
+        deployed = bool(adapted["pushes"]) and info.get("version") == adapted["deployed_version"]
+        if deployed:
             saved = adapter.deployed.save_pretrained(work / "drafter-adapted", overwrite=True)
+        speed = None
+        if cfg.speed_prompts:
+            t0 = time.monotonic()
+            speed = _speed(server.url, target, cfg, spec.drafter_path, adapter.deployed if deployed else None,
+                           info.get("version"), say)
+            timings["speed_s"] = round(time.monotonic() - t0, 1)
     timings["total_s"] = round(time.monotonic() - t_start, 1)
     return summary(cfg, before=before, after=after, adapted=adapted, served=served, serving=info, chat=chat,
-                   saved=saved, timings=timings, run_dir=run_dir, start_drafter=spec.drafter_path)
+                   saved=saved, timings=timings, run_dir=run_dir, start_drafter=spec.drafter_path, speed=speed)
+
+
+def _speed(url: str, target: Path, cfg: MainJobConfig, start_path: str, adapted, version: Optional[str], say):
+    """:func:`sglang_specopd.app.main_job.speed.measure_speed` on the new domains' held-out prompts; ``adapted``:
+    the deployed adapted drafter (None: the start drafter still serves)."""
+    from transformers import AutoTokenizer
+
+    from sglang_specopd.app.bench.runner import load_prompts
+    from sglang_specopd.app.main_job.speed import measure_speed
+    from specopd_trainer.drafters.registry import drafter_class_for_checkpoint
+    from specopd_trainer.pipeline import push_drafter
+
+    prompts, _ = load_prompts(AutoTokenizer.from_pretrained(str(target)), list(cfg.new_domains), cfg.speed_prompts)
+    say(f"measuring speed (tokens/s, one request at a time) on {len(prompts)} held-out prompts of the new domains: "
+        f"plain decoding, the start drafter and the adapted drafter, same server, goodput policy")
+
+    def swap_start():
+        start = drafter_class_for_checkpoint(start_path).from_pretrained(start_path, target)
+        push_drafter(url, start, f"{version}.speed-start", ADMIN_KEY)
+
+    def swap_adapted():
+        push_drafter(url, adapted, str(version), ADMIN_KEY)
+
+    return measure_speed(url, ADMIN_KEY, prompts, max_new_tokens=cfg.eval_max_new_tokens, warmup=cfg.speed_warmup,
+                         swap_start=swap_start, swap_adapted=swap_adapted if adapted is not None else None,
+                         domains=cfg.new_domains, say=say)
 
 
 def _traffic(url: str, adapter, cfg: MainJobConfig, old, new, say):

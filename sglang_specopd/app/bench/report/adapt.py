@@ -19,6 +19,29 @@ def _change(d: Any) -> str:
     return f"{ci_text(d, signed=True)} ({n} prompts{', inside the noise' if d.get('inside_noise') else ''})"
 
 
+def _by_domain(ch: Mapping[str, Any]) -> str:
+    """``japanese +0.195 [+0.101, +0.300], wordsort ...`` over the new then the old domains, or ``-``."""
+    parts = []
+    for group in ("new", "old"):
+        for d, v in (_get(ch, group, "by_domain") or {}).items():
+            if isinstance(v, Mapping) and _num(v.get("mean")):
+                parts.append(f"{d} {ci_text(v, signed=True)}")
+    return ", ".join(parts) or "-"
+
+
+def _speed(data: Mapping[str, Any]) -> str:
+    """``plain 30.1 / start 28.0 / adapted 36.2 tokens/s, adapted / plain 1.20x [1.10, 1.31]``, or ``""``."""
+    sp = data.get("speed")
+    if not isinstance(sp, Mapping) or not _num(sp.get("plain")):
+        return ""
+    r = _get(sp, "ratios", "adapted_over_plain") or {}
+    s = _get(sp, "ratios", "start_over_plain") or {}
+    ci, cs = r.get("ci95") or [None, None], s.get("ci95") or [None, None]
+    return (f"plain {_f(sp['plain'], 1)} / start {_f(sp.get('start'), 1)} / adapted {_f(sp.get('adapted'), 1)} "
+            f"tokens/s, adapted / plain {_f(r.get('mean'))}x [{_f(ci[0])}, {_f(ci[1])}], start / plain "
+            f"{_f(s.get('mean'))}x [{_f(cs[0])}, {_f(cs[1])}]")
+
+
 def main_job_item(name: str, data: Mapping[str, Any]) -> List[str]:
     """The main job's item: new- and old-domain tau before -> after with the paired change, what it deployed."""
     b, a, ch = data.get("before") or {}, data.get("after") or {}, data.get("paired_change") or {}
@@ -33,7 +56,9 @@ def main_job_item(name: str, data: Mapping[str, Any]) -> List[str]:
             f"{traffic.get('errors_5xx', '-')} 5xx): served held-out tau T0 on the new domains ({new}) "
             f"{ci_text(b.get('new'))} -> {ci_text(a.get('new'))}, change {_change(ch.get('new'))}; old domains "
             f"({old}) {ci_text(b.get('old'))} -> {ci_text(a.get('old'))}, change {_change(ch.get('old'))}; "
-            f"deployed: {data.get('deployed', '-')} ({data.get('reason', '-')})."]
+            f"deployed: {data.get('deployed', '-')} ({data.get('reason', '-')}); change by domain: "
+            f"{_by_domain(ch)}" + (f"; speed on the new domains' held-out prompts (T0, one request at a time, same "
+                                    f"server): {_speed(data)}" if _speed(data) else "") + "."]
 
 
 def traffic_shift_item(name: str, data: Mapping[str, Any]) -> List[str]:
@@ -81,4 +106,11 @@ def headline(results: Mapping[str, Mapping[str, Any]]) -> List[Row]:
         ch = mj["paired_change"]
         rows.append(("Main job (fresh clone): held-out tau T0 change after adapting live, new domains / old domains",
                      f"{_change(ch.get('new'))} / {_change(ch.get('old'))}", "main_job_smollm2_cpu.json"))
+        if _get(ch, "old", "by_domain"):
+            rows.append(("Main job: held-out tau T0 change per domain (every slice, paired 95% interval)",
+                         _by_domain(ch), "main_job_smollm2_cpu.json"))
+        if _speed(mj):
+            rows.append(("Main job: output tokens/s on the new domains' held-out prompts, T0, one request at a time, "
+                         "plain / start drafter / adapted drafter (goodput policy, same server)", _speed(mj),
+                         "main_job_smollm2_cpu.json"))
     return rows

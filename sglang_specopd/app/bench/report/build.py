@@ -42,7 +42,8 @@ OPTIONAL_FILES = ("cpu_dtype_cpu.json", "cpu_attention_smollm2_cpu.json", "refer
 CONCURRENCY_GLOB = "concurrency_*.json"
 SWEEP_GLOB = "specopd_sweep*_smollm2_cpu.json"
 # Draft-OPD comparisons beside the main one: the LR sweep on validation prompts and held-out runs at another LR
-DRAFT_OPD_GLOBS = ("draft_opd_sweep*_smollm2_cpu.json", "draft_opd_lr*_smollm2_cpu.json")
+DRAFT_OPD_GLOBS = ("draft_opd_sweep*_smollm2_cpu.json", "draft_opd_lr*_smollm2_cpu.json",
+                   "goodput_smollm2_*.json")  # (and the goodput files, one per machine kind)
 DOMAIN_ORDER = ("dialogue", "coding", "math", "agentic")
 
 

@@ -123,6 +123,10 @@ def headline_rows(results: Mapping[str, Mapping[str, Any]]) -> List[Row]:
                      ("serve_smollm2_cpu.json", _greedy)):
         if isinstance(results.get(name), Mapping):
             rows += fn(name, results[name])
+        if name.startswith("concurrency_reference"):  # the goodput policy's rows follow the fixed block's
+            from sglang_specopd.app.bench.report.goodput import goodput_headline
+
+            rows += goodput_headline(results)
     for name, label in (("tree_scoring_cpu.json", "full-attention target"),
                         ("tree_scoring_gdn_cpu.json", "hybrid GDN target"),
                         ("tree_scoring_qsa_cpu.json", "sparse-linear QSA-GDN target")):

@@ -317,9 +317,11 @@ def results_summary(results: Mapping[str, Mapping[str, Any]], results_dir: str =
         items += _kernels("kernels_gpu.json", results["kernels_gpu.json"])
     from sglang_specopd.app.bench.report.adapt import main_job_item, traffic_shift_item
     from sglang_specopd.app.bench.report.fleet import FILES, fleet_item
+    from sglang_specopd.app.bench.report.goodput import files as goodput_files, goodput_item
 
     for name, fn in (("main_job_smollm2_cpu.json", main_job_item),
-                     ("traffic_shift_smollm2_cpu.json", traffic_shift_item), *((f, fleet_item) for f in FILES)):
+                     ("traffic_shift_smollm2_cpu.json", traffic_shift_item), *((f, fleet_item) for f in FILES),
+                     *((f, goodput_item) for f in goodput_files(results))):
         if isinstance(results.get(name), Mapping):
             items += fn(name, results[name])
     return lines + (items or ["No result file yet."])
