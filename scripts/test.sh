@@ -16,7 +16,7 @@ export SPECOPD_REQUIRE_SMOLLM2=1
 # Two pytest-xdist workers by default on a machine with >= 2 cores (SPECOPD_TEST_WORKERS=N to change, 0 for one
 # process; docs/testing.md): most of the suite keeps one core busy (a server with one OpenMP thread, single-threaded
 # tests), so two workers use both; each shared server stays on one worker (--dist loadgroup, tests/_servers.py
-# xdist_groups). Fresh clone, quiet 2-core machine: 1,006 s of tests on two workers vs 1,274 s in one process.
+# xdist_groups). Measured times: docs/testing.md.
 cores=$(nproc 2>/dev/null || echo 1)
 workers=${SPECOPD_TEST_WORKERS:-$(( cores >= 2 ? 2 : 0 ))}
 xdist=()

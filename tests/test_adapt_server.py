@@ -255,3 +255,38 @@ def test_the_draft_opd_adapt_step_replays_the_served_verify_records(adapt_server
     serving = client.drafter_info().get("version")
     assert ad.fresh_versions() == {serving}  # only records the serving drafter made are replayed
     _trained_on_the_server(ad, client, copy.deepcopy(ad.drafter.state_dict()))
+
+
+def test_k0_steps_run_as_plain_decode_only_for_requests_kept_out_of_the_spool(adapt_server):
+    """Feature capture on: a batch of requests sent with ``specopd_spool: false`` takes the plain-decode path at
+    k = 0 (no features to capture for them, none kept), a spooled request takes the verify path and keeps its
+    features (issue 53: the main job measures plain speed on this kind of server)."""
+    import httpx
+
+    from specopd_trainer.client.http import SpecOPDClient
+    from sglang_specopd.wire.policy import POLICY_PATH
+
+    url, headers = adapt_server.url, {"Authorization": f"Bearer {ADMIN}"}
+    gamma = httpx.get(url + POLICY_PATH, timeout=60).json()["gamma"]
+    k0 = {"policy": "goodput", "explore_every": 0, "cost_curve_ms": {1: [1.0] + [100.0] * gamma}}
+    assert httpx.post(url + POLICY_PATH, json=k0, headers=headers, timeout=60).status_code == 200
+    try:
+        def stats():
+            return httpx.get(url + POLICY_PATH, timeout=60).json()
+
+        with SpecOPDClient(url, admin_api_key=ADMIN) as c:
+            newest = c.traffic_page(0, None, 1)["stats"]["newest_seq"] or 0
+            s0 = stats()
+            for p in _prompts(2, seed=7):
+                r = httpx.post(url + "/generate", json={"input_ids": p, "sampling_params": {
+                    "max_new_tokens": 12, "temperature": 0, "custom_params": {"specopd_spool": False}}}, timeout=120)
+                assert r.status_code == 200, r.text[:200]
+            s1 = stats()
+            assert s1["plain_steps"] - s0["plain_steps"] >= 2 * 10, (s0, s1)  # every decode step but the first
+            _send(url, _prompts(1, seed=8), max_new_tokens=12)
+            s2 = stats()
+            assert s2["plain_steps"] == s1["plain_steps"] and s2["steps"] > s1["steps"], (s1, s2)
+            page = c.traffic_page(newest, None, 64)
+            assert len(page["items"]) == 1 and page["items"][0]["features"]["rows"] > 0, page["items"]
+    finally:
+        assert httpx.post(url + POLICY_PATH, json={"policy": "fixed"}, headers=headers, timeout=60).status_code == 200

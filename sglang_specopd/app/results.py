@@ -40,7 +40,9 @@ def _cpu_model() -> str:
 def machine_info() -> Dict[str, Any]:
     """CPU model, its widest SIMD level (torch's ``get_cpu_capability``, e.g. ``AVX2``, ``AVX512``), whether it has
     native bf16 (the CPU serving dtype follows it, :mod:`sglang_specopd.app.cpu_dtype`), core count, GPU (name or
-    None) and memory in GiB."""
+    None), memory in GiB, the dtype a CPU config's ``dtype: auto`` serves in here (``cpu_serving_dtype``) and the
+    OpenMP threads a CPU server gets (``cpu_server_threads``: ``SPECOPD_CPU_SERVER_THREADS`` / ``OMP_NUM_THREADS``,
+    else 1, as the plugin sets them)."""
     from sglang_specopd.app.cpu_dtype import cpu_has_native_bf16
 
     gpu = None
@@ -63,8 +65,12 @@ def machine_info() -> Dict[str, Any]:
         simd = torch.backends.cpu.get_cpu_capability()
     except Exception:  # torch missing or too old
         simd = None
+    from sglang_specopd.app.cpu_dtype import resolve_dtype
+
     return {"cpu": _cpu_model(), "cpu_simd": simd, "cpu_native_bf16": cpu_has_native_bf16(), "cores": os.cpu_count(),
-            "gpu": gpu, "memory_gib": mem_gib}
+            "gpu": gpu, "memory_gib": mem_gib, "cpu_serving_dtype": resolve_dtype("cpu", "auto"),
+            "cpu_server_threads": int(os.environ.get("SPECOPD_CPU_SERVER_THREADS")
+                                      or os.environ.get("OMP_NUM_THREADS") or 1)}
 
 
 def machine_kind(machine: Optional[Dict[str, Any]] = None) -> str:

@@ -186,8 +186,9 @@ def headline_table(results: Mapping[str, Mapping[str, Any]], results_dir: str = 
     if not rows:
         return ["No result file yet."]
     lines = [f"Numbers to quote, each read from the result file it names in `{results_dir}/` (command, commit, machine "
-             "and versions inside; earlier versions in `history/`). CPU numbers come from small shared 2-core machines of two kinds "
-             "(an AVX2 EPYC without native bf16, an AVX-512 Xeon with it): compare rows only on the same machine.",
+             "and versions inside; earlier versions in `history/`). CPU numbers come from small shared 2-core machines of "
+             "several kinds (an AVX2 EPYC without native bf16, AVX-512 Xeons and EPYCs with it; each row names its "
+             "kind): compare rows only on the same machine kind.",
              "", "| result | machine, dtype, model | value | file |", "|---|---|---|---|"]
     lines += [f"| {what} | {setup_text(name, results[name])} | {value} | `{name}` |" for what, value, name in rows]
     return lines + ["", kernel_status()]
