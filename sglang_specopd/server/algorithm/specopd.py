@@ -63,7 +63,8 @@ def _make_worker_class():
     from sglang_specopd.server.drafter.swap import current_version
     from sglang_specopd.server.traces import record_verify_step, record_versions, wants_trace
     from sglang_specopd.server.traffic.spool import recording
-    from sglang_specopd.server.traffic.features import any_wanted, capture_prefill, capture_verify, capturing
+    from sglang_specopd.server.traffic.features import capture_prefill, capture_verify, capturing
+    from sglang_specopd.server.traffic.optout import any_kept
     from sglang_specopd.server.goodput.step import controller_for, settings_from_env
     from sglang_specopd.server.goodput.verify import accept_narrow
     from sglang_specopd.server.goodput.plain import catch_up, clear_pending, plain_decode_step, plain_ok
@@ -103,7 +104,7 @@ def _make_worker_class():
                         clear_pending(batch.reqs)
                     out = super().forward_batch_generation(batch, *args, **kwargs)
                 elif step.k == 0 and policy.settings.plain_k0 and plain_ok(
-                        batch, capturing_features=capture and any_wanted(batch.reqs)):  # no spooled request: plain
+                        batch, capturing_features=capture and any_kept(batch.reqs)):  # no spooled request: plain
                     out = plain_decode_step(self, batch, step, kwargs.get("on_publish", args[0] if args else None),
                                             max_pending=policy.settings.catch_up_every)
                 else:  # drafting: the drafter's context first gets the positions plain steps left (goodput.plain)

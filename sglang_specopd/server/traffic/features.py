@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from sglang_specopd.server.traffic.optout import opted_out
 from sglang_specopd.wire.traffic import MAX_FEATURE_SEQS_PER_READ as MAX_SEQS_PER_READ
 from sglang_specopd.wire.traffic import budget_env, budget_from_env
 
@@ -134,7 +135,7 @@ def capture_prefill(reqs: Sequence[Any], hidden: torch.Tensor, positions: torch.
     starts = positions.detach().to("cpu").view(-1).tolist()
     off = 0
     for req, n in zip(reqs, lens):
-        if n > 0 and wanted(req):
+        if n > 0 and not opted_out(req):
             _add(req, starts[off], hidden[off:off + n])
         off += n
 
@@ -152,22 +153,8 @@ def capture_verify(reqs: Sequence[Any], hidden: torch.Tensor, positions: torch.T
     starts = positions.detach().to("cpu").view(-1)[::block_size].tolist()
     for i, req in enumerate(reqs):
         n = int(commits[i]) if i < len(commits) else 0
-        if n > 0 and wanted(req):
+        if n > 0 and not opted_out(req):
             _add(req, starts[i], hidden[i * block_size:i * block_size + n])
-
-
-def wanted(req: Any) -> bool:
-    """Whether a request's features are kept: not for one that opted out of the spool (``specopd_spool: false``:
-    measurement requests, users who did not agree to training on their traffic), which is never spooled."""
-    from sglang_specopd.server.traffic.spool import opted_out
-
-    return not opted_out(req)
-
-
-def any_wanted(reqs: Optional[Sequence[Any]]) -> bool:
-    """Whether a batch holds a request whose features are kept (else its k = 0 steps may run as plain decode
-    steps, which compute no drafter context rows to capture: server/goodput/plain.py)."""
-    return any(wanted(r) for r in reqs or ())
 
 
 def discard(req: Any) -> None:

@@ -40,6 +40,7 @@ import time
 import uuid
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from sglang_specopd.server.traffic.optout import SPOOL_PARAM, opted_out  # noqa: F401 (SPOOL_PARAM re-exported)
 from sglang_specopd.wire.traffic import (DEFAULT_ITEMS_PER_READ, MAX_ITEMS_PER_READ, MAX_REPLY_BYTES, budget_env,
                                          budget_from_env)
 
@@ -49,9 +50,6 @@ OFF_REASON = ("live-traffic recording is off on this server (set traffic_spool_m
 _RECORDED_ATTR = "_specopd_traffic_recorded"
 #: The plugin's algorithms, whose workers record traces: SPECOPD (DFlash / V2 drafters), SPECOPD_DSPARK (DSpark).
 RECORDING_ALGORITHMS = ("SPECOPD", "SPECOPD_DSPARK")
-
-
-SPOOL_PARAM = "specopd_spool"  # custom_params.specopd_spool: false keeps a request out of the spool
 
 
 def check_spool_param(custom_params: Any) -> None:
@@ -65,13 +63,6 @@ def verify_spool_param(result: Any, sampling_params: Any, *args: Any, **kwargs: 
     """AFTER hook on SGLang's ``SamplingParams.verify`` (HTTP process): :func:`check_spool_param`."""
     check_spool_param(getattr(sampling_params, "custom_params", None))
     return result
-
-
-def opted_out(req: Any) -> bool:
-    """True if the request asked not to be kept (``custom_params: {"specopd_spool": false}``): e.g. measurement
-    requests of held-out prompts, or users who did not agree to training on their traffic."""
-    params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
-    return isinstance(params, dict) and params.get(SPOOL_PARAM) is False
 
 
 def health_check(req: Any) -> bool:
