@@ -31,6 +31,12 @@ ADMIN_KEY = "specopd-main-job"
 # the adapter's algorithm settings: SFT steps of 4 served requests x 16 anchors (the library default of 8 requests
 # makes a step ~2x longer on 2 CPU cores shared with the server and its users)
 ADAPT_OPTIONS = {"sft": {"seqs_per_step": 4}}
+# the guard's sizes for the main job's traffic (~150 requests in 10 min, 1 in 4 prompts held out: ~40 held out at
+# the end): the library defaults (judge the newest 48, >= 12 older ones for the older-traffic check) leave no older
+# held-out request before the traffic ends, so that check could never run and every candidate was refused (a fresh
+# run of 2026-12-07: "could not run (0 older held-out requests < 12)" at every judgement). Judging the newest 16 and
+# needing 8 older lets the older-traffic check run from ~24 held-out requests on.
+GUARD_SIZES = {"holdout_window": 16, "min_holdout": 8}
 NEW_DOMAINS = ("japanese", "wordsort")
 OLD_DOMAINS = ("dialogue", "coding", "math", "agentic")
 
@@ -95,7 +101,7 @@ def run_main_job(cfg: MainJobConfig, say=print) -> Dict[str, Any]:
         timings["eval_before_s"] = round(time.monotonic() - t0, 1)
         drafter = drafter_class_for_checkpoint(spec.drafter_path).from_pretrained(spec.drafter_path, target)
         adapt_cfg = AdaptConfig(algorithm=cfg.algorithm, lr=cfg.lr, log_every_s=30.0, start_at="newest",
-                                slice_header=_template_header(target),
+                                slice_header=_template_header(target), **GUARD_SIZES,
                                 algorithm_options=dict(ADAPT_OPTIONS.get(cfg.algorithm, {})))
         adapter = Adapter(client, drafter, run_dir, adapt_cfg,
                           push=lambda d, version: push_drafter(server.url, d, version, ADMIN_KEY),
