@@ -72,6 +72,17 @@ def test_main_job_summary_has_every_domains_change_with_its_interval():
     assert res["paired_change"]["old"]["by_domain"]["coding"]["ci95"] == [0.0, 0.0]
     assert MainJobConfig().eval_old >= 12  # >= 12 prompts per old domain
     assert "japanese" in change_line("new domains", res["paired_change"]["new"])
+    # a verdict that was not judged (no interval) next to one refused by a check that could not run
+    adapted["verdicts"] = [{"kind": "candidate", "step": 50, "deploy": False, "ran": False, "requests": 8,
+                            "reason": "not judged: 8 held-out requests < 12"},
+                           {"kind": "candidate", "step": 150, "deploy": False, "ran": True, "ci95": [0.116, 0.262],
+                            "reason": "the older-traffic check (vs the deployed drafter) could not run"}]
+    res = summary(MainJobConfig(), before=before, after=after, adapted=adapted, served=[],
+                  serving={"version": "initial"}, chat={}, saved=None, timings={}, run_dir=Path("r"),
+                  start_drafter=None)
+    assert res["deployed"] == "start" and res["reason"] == (
+        "no candidate was deployed; the best overall interval [+0.116, +0.262] at step 150 was refused: the "
+        "older-traffic check (vs the deployed drafter) could not run")
 
 
 def test_main_job_rows_name_every_domains_change_and_the_speed():

@@ -26,13 +26,13 @@ def summary(cfg, *, before, after, adapted: Dict[str, Any], served: List, servin
     new, old = _group(before["new"], after["new"]), _group(before["old"], after["old"])
     deployed = "adapted" if adapted["pushes"] and serving.get("version") == adapted["deployed_version"] else "start"
     last = adapted["deployed"][-1]
-    cands = [v for v in adapted["verdicts"] if v.get("kind") == "candidate"]
+    cands = [v for v in adapted["verdicts"] if v.get("kind") == "candidate" and v.get("ci95")]  # judged ones
     if deployed == "adapted":
         reason = f"{last['why']} (step {last['step']}, {last['t_s']:.0f} s into the traffic)"
     elif cands:
         best = max(cands, key=lambda v: v["ci95"][0])
-        reason = (f"no candidate measured better than the shipped drafter on held-out traffic (best interval "
-                  f"[{best['ci95'][0]:+.3f}, {best['ci95'][1]:+.3f}] at step {best['step']})")
+        reason = (f"no candidate was deployed; the best overall interval [{best['ci95'][0]:+.3f}, "
+                  f"{best['ci95'][1]:+.3f}] at step {best['step']} was refused: {best.get('reason', '-')}")
     else:
         reason = "no candidate was judged (too little held-out traffic)"
     meta = chat.get("meta_info") or {}
