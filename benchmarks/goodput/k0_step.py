@@ -30,9 +30,10 @@ ADMIN_KEY = "k0-step-bench"
 
 
 def forced_k0(gamma: int, plain_k0: bool) -> dict:
-    """Policy settings on which k = 0 is optimal at every step (no exploration)."""
-    return {"policy": "goodput", "explore_every": 0, "plain_k0": plain_k0,
-            "cost_curve_ms": {1: [1.0] + [100.0] * gamma}}
+    """Policy settings on which k = 0 is optimal at every step (no exploration): the main job's plain arm's."""
+    from sglang_specopd.app.main_job.speed import forced_plain
+
+    return forced_plain(gamma, plain_k0)
 
 
 def _itl_ms(records, q: float) -> Optional[float]:

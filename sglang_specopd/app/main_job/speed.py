@@ -26,10 +26,12 @@ ARMS = ("plain", "start", "adapted")
 GOODPUT = {"policy": "goodput"}
 
 
-def forced_plain(gamma: int) -> Dict[str, Any]:
-    """Policy settings on which k = 0 (a plain decode step) is optimal at every step: a fixed cost curve, no
-    exploration, ``plain_k0`` on. ``gamma``: drafts per block (block_size - 1)."""
-    return {"policy": "goodput", "explore_every": 0, "plain_k0": True, "cost_curve_ms": {1: [1.0] + [100.0] * gamma}}
+def forced_plain(gamma: int, plain_k0: bool = True) -> Dict[str, Any]:
+    """Policy settings on which k = 0 is optimal at every step: a fixed cost curve, no exploration; ``plain_k0``
+    (default on) runs those steps as SGLang's plain decode, off through the verify path. ``gamma``: drafts per block
+    (block_size - 1). Also benchmarks/goodput/k0_step.py's forced arms."""
+    return {"policy": "goodput", "explore_every": 0, "plain_k0": plain_k0,
+            "cost_curve_ms": {1: [1.0] + [100.0] * gamma}}
 
 
 def _rows(records) -> List[Dict[str, Any]]:
