@@ -290,3 +290,65 @@ def test_k0_steps_run_as_plain_decode_only_for_requests_kept_out_of_the_spool(ad
             assert len(page["items"]) == 1 and page["items"][0]["features"]["rows"] > 0, page["items"]
     finally:
         assert httpx.post(url + POLICY_PATH, json={"policy": "fixed"}, headers=headers, timeout=60).status_code == 200
+
+
+def test_the_guard_refuses_a_candidate_made_worse_on_one_slice_of_real_traffic(adapt_server, tmp_path):
+    """Issue 51: real traffic in two slices (prompts that start alike after a shared header) goes through the
+    server's spool and feature capture into the adapter's buffers (hash hold-out, slices keyed by the prompt's first
+    tokens); a candidate made worse on purpose on the older slice A (its proposals off by one there) and better on
+    the newer slice B (it proposes the served continuation there) measures better overall on the newest held-out
+    window, yet the per-slice check refuses it, naming slice A, and nothing is pushed."""
+    import httpx
+    import torch
+
+    from specopd_trainer.adapt.config import AdaptConfig
+    from specopd_trainer.adapt.loop import Adapter
+    from specopd_trainer.client.http import SpecOPDClient
+    from specopd_trainer.drafters.registry import drafter_class_for_checkpoint
+
+    header, pre_a, pre_b = [1, 2], [31, 32, 33, 34], [41, 42, 43, 44]
+    drafter_dir, target = Path(adapt_server.spec.drafter_path), Path(adapt_server.spec.model_path)
+    drafter = drafter_class_for_checkpoint(drafter_dir).from_pretrained(drafter_dir, target)
+    serving = httpx.get(adapt_server.url + "/specopd/drafter", timeout=30).json()["version"]
+    pushed = []
+    with SpecOPDClient(adapt_server.url, admin_api_key=ADMIN) as client:
+        cfg = AdaptConfig(start_at="newest", slice_header=tuple(header), slice_min_seen=1, holdout_every=2,
+                          holdout_window=6, min_holdout=4, guard_min_slice_items=4, min_train_tokens=8,
+                          poll_s=0.1, read_items=16)
+        ad = Adapter(client, drafter, tmp_path / "run", cfg, push=lambda d, v: pushed.append(v),
+                     serving_version=lambda: serving, progress=False)
+        _send(adapt_server.url, _prompts(20, seed=51, length=8, shared=header + pre_a), max_new_tokens=24)  # older
+        _send(adapt_server.url, _prompts(20, seed=52, length=8, shared=header + pre_b), max_new_tokens=24)  # newer
+        deadline, quiet = time.monotonic() + 120, 0
+        while quiet < 3:  # the spool holds all 40 (sent one by one); read until three reads add nothing
+            assert time.monotonic() < deadline, (len(ad.train_buf), len(ad.hold_buf), ad.state.reader)
+            quiet = 0 if ad.ingest() else quiet + 1
+            time.sleep(0.2)
+        assert len(ad.train_buf) + len(ad.hold_buf) >= 36, ad.state.reader  # a reply ended after 1 token is skipped
+        hold = ad.hold_buf.sequences
+        slice_of = {tuple(s.token_ids[2:6].tolist()): s.slice for s in hold}
+        sl_a, sl_b = slice_of[tuple(pre_a)], slice_of[tuple(pre_b)]
+        assert sl_a != sl_b and "other" not in (sl_a, sl_b)
+        assert {s.slice for s in hold} == {sl_a, sl_b} and all(s.slice == sl_b for s in hold[-6:])
+        assert all(s.token_ids[2:6].tolist() != pre_a for s in ad.train_buf.sequences if s.slice == sl_b)
+
+        block = int(drafter.spec.block_size)
+        honest = ad.drafter.propose_blocks
+
+        def rigged(features, token_ids, anchors):
+            ids = token_ids.tolist()
+            if ids[2:6] == pre_a:  # worse on slice A on purpose: every proposal off by one
+                return honest(features, token_ids, anchors) + 1
+            return torch.tensor([[ids[a + k] if a + k < len(ids) else 0 for k in range(1, block)]  # slice B: the
+                                 for a in anchors], dtype=torch.long)                               # served tokens
+
+        ad.drafter.propose_blocks = rigged
+        v = ad.judge()
+    assert v["ran"] and v["ci95"][0] > 0, v  # better overall on the newest held-out window (slice B)
+    a, b = v["slices"][sl_a], v["slices"][sl_b]
+    assert a["ran"] and a["items"] >= 4 and a["diff"] < 0 and a["passed"] is False, a  # the deployed drafter
+    assert b["ran"] and b["passed"] is True and b["diff"] > 0, b                        # accepts drafts on A
+    assert v["slices_vs_start"][sl_a]["passed"] is False
+    assert v["deploy"] is False and pushed == [] and "pushed" not in v
+    assert f"worse on slice {sl_a} than the deployed drafter" in v["reason"] and sl_b not in v["reason"]
+    assert httpx.get(adapt_server.url + "/specopd/drafter", timeout=30).json()["version"] == serving

@@ -206,6 +206,7 @@ def test_specopd_command_defaults_are_the_validated_recipe(monkeypatch) -> None:
     (["train", "specopd", "--server", "http://fake", "--loss", "e2e_tv"], "--root-anchors"),
     (["main", "--eval-new", "0"], "bad option --eval-new: Input should be greater than or equal to 1"),
     (["main", "--traffic-minutes", "0"], "bad option --traffic-minutes"),
+    (["main", "--old-share", "1"], "bad option --old-share: Input should be less than 1"),
     (["main", "--eval-old", "x"], "'--eval-old'"),
 ])
 def test_option_errors_are_one_line(dummy, no_server, args, needle) -> None:

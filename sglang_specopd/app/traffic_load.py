@@ -51,6 +51,32 @@ def mixed(records: Sequence[Mapping[str, Any]], seed: int = 0) -> List[Mapping[s
     return [m[i % len(m)] for i in range(rounds) for m in per]
 
 
+def blend(new: Sequence[Mapping[str, Any]], old: Sequence[Mapping[str, Any]],
+          old_share: float) -> List[Mapping[str, Any]]:
+    """``new`` with ``old`` interleaved so that a fraction ``old_share`` (0 <= share < 1) of the list comes from
+    ``old``, spread evenly (item ``i`` is old when ``floor((i + 1) * share) > floor(i * share)``), each list cycled
+    in its order: the traffic after a shift, where the earlier users keep coming as a minority.
+
+    Raises ValueError: ``old_share`` outside [0, 1) or an empty ``new`` (or an empty ``old`` with a share > 0)."""
+    if not 0.0 <= old_share < 1.0:
+        raise ValueError(f"old_share must be in [0, 1), got {old_share}")
+    if not new or (old_share > 0 and not old):
+        raise ValueError("blend needs new records (and old ones when old_share > 0)")
+    if old_share == 0:
+        return list(new)
+    total = int(round(len(new) / (1.0 - old_share)))
+    out: List[Mapping[str, Any]] = []
+    i_new = i_old = 0
+    for i in range(total):
+        if int((i + 1) * old_share) > int(i * old_share):
+            out.append(old[i_old % len(old)])
+            i_old += 1
+        else:
+            out.append(new[i_new % len(new)])
+            i_new += 1
+    return out
+
+
 class ChatLoad:
     """``streams`` threads sending ``records`` (cycled) to ``url``'s ``/v1/chat/completions``.
 

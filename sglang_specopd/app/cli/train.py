@@ -16,7 +16,7 @@ from sglang_specopd.app.train.options import _config, _guarded
 
 # `specopd main` option -> MainJobConfig field (for one-line errors that name the flag)
 _MAIN_FLAGS = {"config": "--config", "traffic_minutes": "--traffic-minutes", "old_minutes": "--old-minutes",
-               "eval_new": "--eval-new",
+               "old_share": "--old-share", "eval_new": "--eval-new",
                "eval_old": "--eval-old", "speed_prompts": "--speed-prompts", "algorithm": "--algorithm", "streams": "--streams", "out": "--out"}
 
 
@@ -26,11 +26,13 @@ def main_job(
                                "must keep a traffic spool (traffic_spool_mb > 0)."),
     old_minutes: float = typer.Option(2.0, help="Minutes of the old domains' traffic before the shift."),
     traffic_minutes: float = typer.Option(8.0, help="Minutes of shifted traffic while the drafter adapts."),
+    old_share: float = typer.Option(0.25, help="Share of the requests after the shift still sent by the old "
+                                    "domains' users (0: they all leave)."),
     streams: int = typer.Option(3, help="Concurrent users sending the traffic."),
     algorithm: str = typer.Option("sft", help="The adapter's training algorithm (sft, specopd, draft-opd)."),
     eval_new: int = typer.Option(24, help="Held-out prompts per new domain for tau before / after."),
     eval_old: int = typer.Option(12, help="Held-out prompts per old domain (the forgetting check)."),
-    speed_prompts: int = typer.Option(12, help="Held-out prompts per new domain for the closing tokens/s of plain, "
+    speed_prompts: int = typer.Option(8, help="Held-out prompts per new domain for the closing tokens/s of plain, "
                                       "start and adapted drafter (0: skip)."),
     out: Optional[Path] = typer.Option(None, help="Also write the summary there (a result file: an earlier one "
                                        "moves to history/)."),
@@ -50,7 +52,7 @@ def main_job(
         from sglang_specopd.wire.home import specopd_home
 
         cfg = _config(MainJobConfig, _MAIN_FLAGS, {"config": config, "traffic_minutes": traffic_minutes,
-                                                   "old_minutes": old_minutes,
+                                                   "old_minutes": old_minutes, "old_share": old_share,
                                                    "streams": streams, "algorithm": algorithm, "eval_new": eval_new,
                                                    "eval_old": eval_old, "out": out,
                                                    "speed_prompts": speed_prompts})

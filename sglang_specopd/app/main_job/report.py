@@ -49,6 +49,7 @@ def summary(cfg, *, before, after, adapted: Dict[str, Any], served: List, servin
         "traffic": {"requests": len(served), "completion_tokens": sum(r.completion_tokens for r in served),
                     "errors": len(errors), "errors_5xx": sum(1 for e in errors if e.isdigit() and e.startswith("5")),
                     "streams": cfg.streams, "max_tokens": cfg.traffic_max_tokens, "old_minutes": cfg.old_minutes,
+                    "old_share": cfg.old_share,
                     "minutes": cfg.traffic_minutes},
         "adapt": {k: adapted[k] for k in ("step", "pushes", "rollbacks", "push_errors", "candidate_resets",
                                           "traffic_tokens_seen", "traffic_tokens_trained", "trained_tokens",

@@ -8,7 +8,8 @@ live, against ONE local SGLang server that keeps serving throughout.
    starts reading the spool after those measurement requests (they are not traffic to learn from);
 3. traffic: ``streams`` users send the OLD domains' train-split prompts through the OpenAI chat API
    (:class:`sglang_specopd.app.traffic_load.ChatLoad`) for ``old_minutes`` (what the server usually serves), then
-   the NEW domains' for ``traffic_minutes`` (the shift), while ``specopd adapt``'s loop
+   the NEW domains' for ``traffic_minutes`` (the shift; ``old_share`` of those requests still come from the old
+   domains: the earlier users do not vanish, they become a minority), while ``specopd adapt``'s loop
    (:class:`specopd_trainer.adapt.loop.Adapter`, in a thread) reads that traffic, trains a candidate with
    ``algorithm`` and pushes it hot only when it beats the deployed drafter on the held-out slice of the traffic and
    is not worse on the older held-out traffic (the old domains);
@@ -53,12 +54,14 @@ class MainJobConfig(BaseModel):
     eval_old: int = Field(default=12, ge=1, description="held-out prompts per old domain (forgetting check)")
     eval_max_new_tokens: int = Field(default=64, ge=8)
     old_minutes: float = Field(default=2.0, ge=0, description="minutes of old-domain traffic before the shift")
+    old_share: float = Field(default=0.25, ge=0, lt=1, description="share of the requests after the shift that "
+                                                                   "still come from the old domains' users")
     traffic_minutes: float = Field(default=8.0, gt=0, description="minutes of shifted traffic while adapting")
     streams: int = Field(default=3, ge=1, description="concurrent users sending the traffic")
     traffic_max_tokens: int = Field(default=96, ge=8)
     algorithm: str = Field(default="sft", description="the adapter's training algorithm (specopd adapt)")
     lr: float = Field(default=1e-4, gt=0, description="the adapter's learning rate")
-    speed_prompts: int = Field(default=12, ge=0, description="held-out prompts per new domain for the closing "
+    speed_prompts: int = Field(default=8, ge=0, description="held-out prompts per new domain for the closing "
                                                                "tokens/s of plain / start / adapted (0: skip it)")
     speed_warmup: int = Field(default=2, ge=0, description="unmeasured prompts before each speed arm")
     out: Optional[Path] = Field(default=None, description="also write the summary JSON there (a result file: an "
@@ -75,7 +78,7 @@ def run_main_job(cfg: MainJobConfig, say=print) -> Dict[str, Any]:
     from sglang_specopd.app.main_job.report import summary
     from sglang_specopd.app.models import KNOWN_MODELS, prepare_model
     from sglang_specopd.app.serve.spec import config_path, launch_spec
-    from sglang_specopd.app.traffic_load import mixed
+    from sglang_specopd.app.traffic_load import blend, mixed
     from sglang_specopd.wire.home import specopd_home
     from specopd_trainer.adapt.config import AdaptConfig
     from specopd_trainer.adapt.loop import Adapter
@@ -108,9 +111,10 @@ def run_main_job(cfg: MainJobConfig, say=print) -> Dict[str, Any]:
                           serving_version=lambda: client._request("GET", "/specopd/drafter").json().get("version"),
                           progress=True)
         old = mixed([r for d in cfg.old_domains for r in domain_split(d)[0]], seed=0)
-        new = mixed([r for d in cfg.new_domains for r in domain_split(d)[0]], seed=0)
+        new = blend(mixed([r for d in cfg.new_domains for r in domain_split(d)[0]], seed=0), old, cfg.old_share)
         say(f"traffic: {cfg.streams} users send {', '.join(cfg.old_domains)} prompts for {cfg.old_minutes:g} min, "
-            f"then {', '.join(cfg.new_domains)} prompts for {cfg.traffic_minutes:g} min; specopd adapt "
+            f"then {', '.join(cfg.new_domains)} prompts for {cfg.traffic_minutes:g} min "
+            f"({cfg.old_share:.0%} of them still from the old domains); specopd adapt "
             f"({cfg.algorithm}) learns from it, 1 in {adapt_cfg.holdout_every} prompts held out")
         t0 = time.monotonic()
         served, adapted = _traffic(server.url, adapter, cfg, old, new, say)

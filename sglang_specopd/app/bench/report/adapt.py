@@ -52,7 +52,8 @@ def main_job_item(name: str, data: Mapping[str, Any]) -> List[str]:
     traffic = data.get("traffic") or {}
     return [f"- **Main job, the shipped drafter adapting to shifted traffic** (`{name}`, `specopd main` on a fresh "
             f"clone, {_f(data.get('wall_s'), 0)} s; {_f(traffic.get('old_minutes'), 0)} min of old-domain then "
-            f"{_f(traffic.get('minutes'), 0)} min of {new} traffic, {traffic.get('requests', '-')} requests, "
+            f"{_f(traffic.get('minutes'), 0)} min of {new} traffic{_old_share(traffic)}, "
+            f"{traffic.get('requests', '-')} requests, "
             f"{traffic.get('errors_5xx', '-')} 5xx): served held-out tau T0 on the new domains ({new}) "
             f"{ci_text(b.get('new'))} -> {ci_text(a.get('new'))}, change {_change(ch.get('new'))}; old domains "
             f"({old}) {ci_text(b.get('old'))} -> {ci_text(a.get('old'))}, change {_change(ch.get('old'))}; "
@@ -89,6 +90,11 @@ def traffic_shift_item(name: str, data: Mapping[str, Any]) -> List[str]:
     return [f"- **Adapting to shifted traffic** (`{name}`, {_f(data.get('shift_minutes'), 0)} min of "
             f"{', '.join(data.get('new_domains') or {})} traffic after {_f(data.get('old_minutes'), 0)} min of the old "
             f"domains, served held-out tau T0 at the end): " + "; ".join(parts) + extra + "."]
+
+
+def _old_share(traffic: Mapping[str, Any]) -> str:
+    share = traffic.get("old_share")
+    return f" ({100 * share:.0f}% of it still old-domain)" if _num(share) and share > 0 else ""
 
 
 def headline(results: Mapping[str, Mapping[str, Any]]) -> List[Row]:
