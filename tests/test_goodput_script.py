@@ -128,3 +128,22 @@ def test_k0_step_forces_k0_with_or_without_plain_decode() -> None:
         pol = GoodputPolicy(7, settings)
         est = pol.new_request_estimate()
         assert {pol.plan([est] * bs) for bs in (1, 2, 4, 8) for _ in range(40)} == {(0, "given")}
+
+
+def test_k0_step_ratio_is_over_rounds_and_its_interval_pairs_rounds() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("k0_step", Path(__file__).resolve().parents[1] / "benchmarks" /
+                                                  "goodput" / "k0_step.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    # two rounds: a fast machine state (plain 60, k0 66) and a slow one (plain 90, k0 93)
+    plain = [{"1": {"itl_median_ms": 60.0}}, {"1": {"itl_median_ms": 90.0}}]
+    k0 = [{"1": {"itl_median_ms": 66.0}}, {"1": {"itl_median_ms": 93.0}}]
+    assert mod.ratio_of_means(k0, plain, [1], "itl_median_ms") == {"1": pytest.approx(159 / 150)}
+    lo, hi = mod.paired_round_ci(k0, plain, [1], "itl_median_ms")["1"]
+    # resampling rounds (kept paired): all-fast 1.1, all-slow 93/90, mixed 159/150
+    assert lo == pytest.approx(93 / 90) and hi == pytest.approx(1.1)
+    assert mod.paired_round_ci(k0[:1], plain[:1], [1], "itl_median_ms") == {"1": None}
+    assert mod.spread([60.0, 90.0]) == pytest.approx(1.5) and mod.spread([60.0, None]) is None
+    assert mod.ratio_of_means(k0, [{"1": {"itl_median_ms": None}}], [1], "itl_median_ms") == {"1": None}
