@@ -32,7 +32,7 @@ def main_job(
     algorithm: str = typer.Option("sft", help="The adapter's training algorithm (sft, specopd, draft-opd)."),
     eval_new: int = typer.Option(24, help="Held-out prompts per new domain for tau before / after."),
     eval_old: int = typer.Option(12, help="Held-out prompts per old domain (the forgetting check)."),
-    speed_prompts: int = typer.Option(8, help="Held-out prompts per new domain for the closing tokens/s of plain, "
+    speed_prompts: int = typer.Option(6, help="Held-out prompts per new domain for the closing tokens/s of plain, "
                                       "start and adapted drafter (0: skip)."),
     out: Optional[Path] = typer.Option(None, help="Also write the summary there (a result file: an earlier one "
                                        "moves to history/)."),

@@ -61,8 +61,9 @@ class MainJobConfig(BaseModel):
     traffic_max_tokens: int = Field(default=96, ge=8)
     algorithm: str = Field(default="sft", description="the adapter's training algorithm (specopd adapt)")
     lr: float = Field(default=1e-4, gt=0, description="the adapter's learning rate")
-    speed_prompts: int = Field(default=8, ge=0, description="held-out prompts per new domain for the closing "
+    speed_prompts: int = Field(default=6, ge=0, description="held-out prompts per new domain for the closing "
                                                                "tokens/s of plain / start / adapted (0: skip it)")
+    speed_max_new_tokens: int = Field(default=48, ge=8, description="tokens per speed request")
     speed_warmup: int = Field(default=2, ge=0, description="unmeasured prompts before each speed arm")
     out: Optional[Path] = Field(default=None, description="also write the summary JSON there (a result file: an "
                                                           "earlier one moves to history/)")
@@ -164,7 +165,7 @@ def _speed(url: str, target: Path, cfg: MainJobConfig, start_path: str, adapted,
     def swap_adapted():
         push_drafter(url, adapted, str(version), ADMIN_KEY)
 
-    return measure_speed(url, ADMIN_KEY, prompts, max_new_tokens=cfg.eval_max_new_tokens, warmup=cfg.speed_warmup,
+    return measure_speed(url, ADMIN_KEY, prompts, max_new_tokens=cfg.speed_max_new_tokens, warmup=cfg.speed_warmup,
                          swap_start=swap_start, swap_adapted=swap_adapted if adapted is not None else None,
                          domains=cfg.new_domains, say=say)
 
