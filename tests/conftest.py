@@ -470,14 +470,15 @@ def target_greedy(target: Path, prompts, new_tokens: int, *, cached: bool = Fals
     with torch.inference_mode():
         for prompt in prompts:
             seq = list(tok(prompt)["input_ids"])
-            if cached:
-                gen = model.generate(torch.tensor([seq]), attention_mask=torch.ones(1, len(seq), dtype=torch.long),
-                                     do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                     output_scores=True, return_dict_in_generate=True, pad_token_id=tok.eos_token_id)
-                for scores in gen.scores:
-                    top = scores[0].topk(2)
+            if cached:  # one token at a time on the KV cache; an end-of-sequence token is kept (ignore_eos)
+                past, step_ids = None, seq
+                for _ in range(new_tokens):
+                    res = model(torch.tensor([step_ids]), past_key_values=past, use_cache=True)
+                    past, top = res.past_key_values, res.logits[0, -1].topk(2)
                     gap = min(gap, float(top.values[0] - top.values[1]))
-                out[prompt] = gen.sequences[0, len(seq):].tolist()
+                    step_ids = [int(top.indices[0])]
+                    seq.append(step_ids[0])
+                out[prompt] = seq[-new_tokens:]
                 continue
             for _ in range(new_tokens):
                 top = model(torch.tensor([seq])).logits[0, -1].topk(2)
