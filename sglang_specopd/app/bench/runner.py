@@ -211,6 +211,17 @@ def best_drafter(block_size: int, target_dir: Path) -> Tuple[Optional[str], str]
     return None, f"the config's drafter (no SFT drafter at {sft})"
 
 
+def _start_all(servers: Sequence[Any], timeout_s: float) -> None:
+    """Start every server at once (one thread each) and wait for all; the first failure is raised after every start
+    has returned (the caller stops them all)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, len(servers)), thread_name_prefix="bench-start") as pool:
+        futures = [pool.submit(srv.start, timeout_s) for srv in servers]
+    for f in futures:
+        f.result()
+
+
 @contextlib.contextmanager
 def launched_servers(config: str, *, drafter: Optional[str] = None, baseline: bool = True,
                      log_dir: Optional[Path] = None, api_key: Optional[str] = None,
@@ -242,7 +253,7 @@ def launched_servers(config: str, *, drafter: Optional[str] = None, baseline: bo
         plans.append((BASE, cfg.model_copy(update={"drafter": None, "speculative_algorithm": None}), None))
     threads = server_env(cfg.device).get("OMP_NUM_THREADS") if cfg.device == "cpu" else None
     with contextlib.ExitStack() as stack:
-        servers, used = [], set()
+        started, used = [], set()
         for role, c, d in plans:
             port = free_port()
             while port in used:
@@ -251,9 +262,13 @@ def launched_servers(config: str, *, drafter: Optional[str] = None, baseline: bo
             spec = launch_spec(c, port=port, api_key=api_key, drafter=d)
             log = (Path(log_dir) / f"bench-{role}.log") if log_dir else None
             srv = SGLangServer(spec, log_path=log)
+            stack.callback(srv.stop)  # whatever happens below (stop is a no-op on a server that never started)
             say(f"starting {role} server ({c.name}{', drafter ' + spec.drafter_path if spec.drafter_path else ''}); "
                 f"log {srv.log_path}")
-            stack.enter_context(srv.start(timeout=start_timeout_s))
+            started.append((role, spec, srv))
+        _start_all([srv for _, _, srv in started], start_timeout_s)  # at once: the imports overlap the waits
+        servers = []
+        for role, spec, srv in started:
             say(f"{role} server healthy after {srv.time_to_healthy_s:.0f} s at {srv.url}")
             servers.append(BenchServer(
                 role=role, url=srv.url, api_key=api_key, launched=True, config=str(config_path(config)),
