@@ -147,3 +147,43 @@ def test_k0_step_ratio_is_over_rounds_and_its_interval_pairs_rounds() -> None:
     assert mod.paired_round_ci(k0[:1], plain[:1], [1], "itl_median_ms") == {"1": None}
     assert mod.spread([60.0, 90.0]) == pytest.approx(1.5) and mod.spread([60.0, None]) is None
     assert mod.ratio_of_means(k0, [{"1": {"itl_median_ms": None}}], [1], "itl_median_ms") == {"1": None}
+
+
+def test_the_fixed_arm_can_be_left_out(tmp_path: Path, monkeypatch) -> None:
+    """``--arms plain,goodput``: two servers, levels without fixed keys, the report item without a fixed ratio;
+    an arm list without plain or goodput is refused before anything starts."""
+    gp = load_benchmark("goodput")
+    from types import SimpleNamespace
+
+    from sglang_specopd.app.bench.report.goodput import goodput_item
+
+    @contextlib.contextmanager
+    def fake_servers(config, drafter, arms=gp.ARMS, say=print, block_size=None):
+        started.append(tuple(arms))
+        yield {arm: SimpleNamespace(role=arm, url=f"http://{arm}") for arm in arms}, "/models/x"
+
+    runs, started = _runs(), []
+    monkeypatch.setattr(gp, "three_servers", fake_servers)
+    monkeypatch.setattr(gp, "run_arm", lambda server, *a: runs[server.role])
+    monkeypatch.setattr(gp, "_policy", lambda url: {"gamma": 7})
+    import transformers
+
+    import sglang_specopd.app.bench.runner as runner
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", staticmethod(lambda path: None))
+    monkeypatch.setattr(runner, "load_prompts", lambda tok, domains, limit: (["p"] * limit, {d: 0 for d in domains}))
+    out = tmp_path / "goodput.json"
+    assert gp.main(["--drafter", "/d", "--concurrency", "1", "--temperatures", "0", "--limit", "3", "--arms",
+                    "goodput,plain", "--k0-waves", "0", "--out", str(out)]) == 0
+    assert started == [("plain", "goodput")]
+    data = json.loads(out.read_text())
+    (lv,) = data["levels"]
+    assert data["arms"] == ["plain", "goodput"] and lv["order"] == ["plain", "goodput"]
+    assert "fixed_over_plain" not in lv and lv["goodput_over_plain"] == pytest.approx(1.1)
+    assert set(data["step_breakdown_ms"]) == {"concurrency", "temperature", "plain", "goodput"}
+    item = goodput_item("g.json", data)[0]
+    assert "c=1 goodput 1.10x" in item and "fixed" not in item
+    for bad in ("plain,fixed", "goodput,fixed", "plain,goodput,eagle"):
+        with pytest.raises(SystemExit):
+            gp.main(["--drafter", "/d", "--arms", bad, "--out", str(out)])
+    assert started == [("plain", "goodput")]

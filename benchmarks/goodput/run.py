@@ -57,11 +57,13 @@ def stats_delta(before: Mapping[str, Any], after: Mapping[str, Any]) -> Dict[str
 
 def level_summary(runs: Mapping[str, Mapping[str, Any]], concurrency: int, temperature: float) -> Dict[str, Any]:
     """One level's entry (results.md's ``levels`` item) from ``runs[arm]`` = {``records``, ``tokens_per_s``,
-    ``tau``, ``policy`` (the speculative arms' :func:`stats_delta`), ``itl_mean_s``}."""
+    ``tau``, ``policy`` (the speculative arms' :func:`stats_delta`), ``itl_mean_s``}; the arms run (``plain`` and
+    ``goodput`` always, ``fixed`` where ``--arms`` kept it)."""
     out: Dict[str, Any] = {"concurrency": concurrency, "temperature": temperature}
     for arm in ARMS:
-        out[f"{arm}_tokens_per_s"] = runs[arm]["tokens_per_s"]
-    for arm in ("fixed", "goodput"):
+        if arm in runs:
+            out[f"{arm}_tokens_per_s"] = runs[arm]["tokens_per_s"]
+    for arm in [a for a in ("fixed", "goodput") if a in runs]:
         r = ratio_ci(runs[arm]["records"], runs["plain"]["records"])
         out[f"{arm}_over_plain"], out[f"{arm}_over_plain_ci95"] = r["mean"], r["ci95"]
         out[f"{arm}_tau"] = runs[arm]["tau"]
@@ -78,7 +80,8 @@ def breakdown(levels: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     plain = {"step": lv["plain_step_ms"], "target_forward": None, "drafter_forward": 0.0, "other": None,
              "source": "client inter-token latency"}
     return {"concurrency": lv["concurrency"], "temperature": lv["temperature"], "plain": plain,
-            **{arm: {k: v for k, v in lv[f"{arm}_policy"]["breakdown_ms"].items()} for arm in ("fixed", "goodput")}}
+            **{arm: {k: v for k, v in lv[f"{arm}_policy"]["breakdown_ms"].items()} for arm in ("fixed", "goodput")
+               if lv.get(f"{arm}_policy")}}
 
 
 def _policy(url: str) -> Optional[dict]:
@@ -149,7 +152,8 @@ def measure(args, drafter: Optional[str], say=print):
     from sglang_specopd.app.bench.runner import load_prompts
 
     keys = [(float(t), int(c)) for t in args.temperatures.split(",") for c in args.concurrency.split(",")]
-    groups = [[arm] for arm in ARMS] if args.one_server_at_a_time else [list(ARMS)]
+    chosen = arms_of(args.arms)
+    groups = [[arm] for arm in chosen] if args.one_server_at_a_time else [list(chosen)]
     runs: Dict[Any, Dict[str, Any]] = {k: {} for k in keys}
     orders = {}
     last, skipped = None, {}
@@ -168,6 +172,15 @@ def measure(args, drafter: Optional[str], say=print):
             if "goodput" in servers:
                 last = _policy(servers["goodput"].url)
     return runs, orders, last, skipped
+
+
+def arms_of(text: str) -> List[str]:
+    """``--arms``: plain and goodput always run (every ratio is over plain; goodput is the default policy); fixed
+    is optional (it costs a third of the run). Raises ValueError on an unknown arm or a missing plain / goodput."""
+    arms = [a.strip() for a in text.split(",") if a.strip()]
+    if set(arms) - set(ARMS) or not {"plain", "goodput"} <= set(arms):
+        raise ValueError(f"--arms {text!r}: plain and goodput, optionally fixed (of {', '.join(ARMS)})")
+    return [a for a in ARMS if a in arms]
 
 
 def k0_step(config: str, drafter: Optional[str], waves: int, say=print) -> Dict[str, Any]:
@@ -193,10 +206,16 @@ def main(argv=None) -> int:
                     "epyc-avx2-fp32 (one file per kind)")
     ap.add_argument("--k0-waves", type=int, default=3, help="waves per batch size of the k = 0 step vs plain step "
                                                             "measurement (k0_step.py; 0: skip it)")
+    ap.add_argument("--arms", default=",".join(ARMS), help="the arms run: plain and goodput, optionally fixed "
+                                                          "(leaving it out saves a third of the time)")
     ap.add_argument("--one-server-at-a-time", action="store_true",
                     help="run the arms one after another with one server up (a shared machine); default: all three "
                          "up, the arms' order rotating between levels")
     args = ap.parse_args(argv)
+    try:
+        arms_of(args.arms)
+    except ValueError as exc:
+        ap.error(str(exc))
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from concurrency_reference.run import shipped_reference
 
@@ -208,16 +227,17 @@ def main(argv=None) -> int:
     for (t, conc), by_arm in runs.items():
         lv = level_summary(by_arm, conc, t)
         lv["order"] = orders[(t, conc)]
-        lv["errors"] = {arm: by_arm[arm]["errors"] for arm in ARMS}
+        lv["errors"] = {arm: by_arm[arm]["errors"] for arm in ARMS if arm in by_arm}
         levels.append(lv)
-        print(f"T{t:g} c={conc}: plain {lv['plain_tokens_per_s']:.2f} tok/s, fixed {lv['fixed_over_plain']:.2f}x, "
+        fixed = f"fixed {lv['fixed_over_plain']:.2f}x, " if "fixed_over_plain" in lv else ""
+        print(f"T{t:g} c={conc}: plain {lv['plain_tokens_per_s']:.2f} tok/s, {fixed}"
               f"goodput {lv['goodput_over_plain']:.2f}x [{lv['goodput_over_plain_ci95'][0]:.2f}, "
               f"{lv['goodput_over_plain_ci95'][1]:.2f}], k {lv['k_histogram']}", file=sys.stderr)
     curve = (last or {}).get("cost_curve_ms") or {}
     fit = (last or {}).get("cost_curve_fit_ms") or {}
     payload = {
         "server_config": args.config, "drafter": drafter, "block_size": args.block_size, "domains": DOMAINS,
-        "limit_per_domain": args.limit,
+        "limit_per_domain": args.limit, "arms": arms_of(args.arms),
         "skipped_prompts": skipped, "max_new_tokens": args.max_new_tokens, "warmup_prompts": args.warmup,
         "one_server_at_a_time": args.one_server_at_a_time, "counts_as_result": args.limit >= MIN_PROMPTS,
         "gamma": (last or {}).get("gamma"), "levels": levels,

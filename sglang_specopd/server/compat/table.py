@@ -245,6 +245,8 @@ SYMBOLS: Tuple[Symbol, ...] = (
        ("candidates", "target_logits", "draft_probs", "sampling_info", "draft_input", "gamma",
         "verify_num_draft_tokens", "cutoff_verify_lens", "block_verification"), used_by="sampled_drafts"),
     # --- CPU engine only (cpu/patches.py, cpu/sampling_verify.py, cpu/chain_sampling.py) ---
+    _s("engine._set_envs_and_config", "sglang.srt.entrypoints.engine", "_set_envs_and_config", AFTER,
+       ("server_args",), used_by="cpu.fork_start", cpu_only=True),
     _s("DRAFT_ATTENTION_BACKEND_CHOICES", "sglang.srt.arg_groups.choices", "DRAFT_ATTENTION_BACKEND_CHOICES", MP,
        attrs=("append",), used_by="cpu.patches", cpu_only=True),
     _s("speculative_hook.current_platform", _SPEC_HOOK, "current_platform", MP, used_by="cpu.patches", cpu_only=True,

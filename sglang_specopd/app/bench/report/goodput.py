@@ -41,15 +41,16 @@ def _k0(data: Mapping[str, Any]) -> str:
 
 
 def goodput_item(name: str, data: Mapping[str, Any]) -> List[str]:
-    """The item: per temperature and concurrency, goodput / plain and fixed / plain with intervals, and the k = 0
-    step ratio."""
+    """The item: per temperature and concurrency, goodput / plain and (where that arm ran) fixed / plain with
+    intervals, and the k = 0 step ratio."""
     temps = _by_temperature(data)
     if not temps:
         return []
     parts = []
     for t, levels in temps.items():
-        parts.append(f"{t}: " + ", ".join(f"c={lv['concurrency']} goodput {_ratio(lv, 'goodput')}, fixed "
-                                          f"{_ratio(lv, 'fixed')}" for lv in levels))
+        parts.append(f"{t}: " + ", ".join(f"c={lv['concurrency']} goodput {_ratio(lv, 'goodput')}"
+                                          + (f", fixed {_ratio(lv, 'fixed')}" if _num(lv.get("fixed_over_plain"))
+                                             else "") for lv in levels))
     return [f"- **Goodput policy vs fixed block vs plain serving** (`{name}`, {data.get('limit_per_domain')} "
             f"prompts per domain, {data.get('max_new_tokens')} tokens, output tokens/s over plain's, paired by "
             f"prompt): " + "; ".join(parts) + _k0(data) + "."]
