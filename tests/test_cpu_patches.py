@@ -28,6 +28,7 @@ CPU_HOOK_TARGETS = (
     "sglang.srt.models.dflash.DFlashAttention.__init__",
     "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_extend",
     "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend._run_sdpa_forward_decode",
+    "sglang.srt.entrypoints.engine._set_envs_and_config",  # fork start (cpu/fork_start.py)
     # hybrid GDN targets (cpu/hybrid_gdn.py)
     "sglang.srt.models.qwen3_next.Qwen3GatedDeltaNet.__init__",
     "sglang.kernels.ops.attention.fla.fused_norm_gate.FusedRMSNormGated.forward",

@@ -316,3 +316,10 @@ def test_drafter_info_shows_server_paths_only_to_the_admin(srv) -> None:
     admin = httpx.get(srv.url + DRAFTER_ADMIN_INFO_PATH, headers={"Authorization": ADMIN}, timeout=60).json()
     assert admin["path"] == srv.spec.drafter_path
     assert {k: v for k, v in admin.items() if k != "path"} == {k: v for k, v in info.items() if k != "name"}
+
+
+def test_the_cpu_engines_children_started_by_fork(srv) -> None:
+    """CPU adaptation 17 (cpu/fork_start.py) on a real server: the scheduler and detokenizer were forked from the
+    launcher (its log line), and the server answers (the rest of this module)."""
+    log = srv.log_path.read_text(errors="replace")
+    assert "scheduler and detokenizer start by fork" in log, log[-2000:]

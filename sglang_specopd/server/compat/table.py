@@ -125,7 +125,7 @@ SYMBOLS: Tuple[Symbol, ...] = (
     _s("DFlashDraftModel.load_weights", "sglang.srt.models.dflash", "DFlashDraftModel.load_weights", R,
        ("self", "weights"), used_by="drafter.swap"),
     _s("resolving_view", "sglang.srt.arg_groups.overrides", "resolving_view", R, ("server_args",),
-       used_by=("algorithm.specopd", "algorithm.dspark", "cpu.patches", "cpu.dspark")),
+       used_by=("algorithm.specopd", "algorithm.dspark", "cpu.patches", "cpu.dspark", "cpu.fork_start")),
     _s("handle_speculative_decoding", _SPEC_HOOK, "handle_speculative_decoding", AFTER, ("server_args",),
        used_by=("algorithm.specopd", "algorithm.dspark")),
     _s("_handle_dflash", _SPEC_HOOK, "_handle_dflash", (R, AROUND), ("server_args",),
