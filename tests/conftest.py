@@ -3,7 +3,7 @@
 Server fixtures start real ``python -m sglang.launch_server`` processes through :class:`LaunchSpec` +
 :class:`SGLangServer` on free ports, always inside ``with`` so the whole process group is torn down, and check
 after teardown that no process of that server is left (:func:`assert_no_orphans`) and no file it made either: its
-``/dev/shm`` entries (``sem.mp-*`` semaphores), its unix sockets (ZeroMQ ipc) and its private TMPDIR are gone
+``/dev/shm`` entries (``sem.mp-*`` semaphores, SGLang's load snapshots), its unix sockets (ZeroMQ ipc) and its private TMPDIR are gone
 (:func:`server_files` / :func:`assert_no_leftover_files`).
 
 Costs on a 2-core CPU machine: ~40-100 s and ~1.5 GB per SGLang process (3 per server) to start. To keep the
@@ -295,7 +295,10 @@ def _server_lifetime(server, spec, log_path: Path, tag: str) -> Iterator[Running
         files = server_files(server.proc.pid)
         # SGLang's ipc sockets and semaphores exist while it runs, so the check below looks at something real
         assert server.tmpdir in files.tmpdirs, (files.tmpdirs, server.tmpdir)
-        assert any(Path(p).name.startswith("sem.mp-") for p in files.live_shm_paths()), files.live_shm_paths()
+        # (sem.mp-* semaphores where SGLang's children spawn; its load snapshots sglang_loads_* either way: on the
+        # CPU engine the children fork, and a fork context unlinks its semaphores at once, cpu/fork_start.py)
+        assert any(Path(p).name.startswith(("sem.mp-", "sglang_loads_")) for p in files.live_shm_paths()), \
+            files.live_shm_paths()
         assert files.sockets and all(p.startswith(server.tmpdir + os.sep) for p in files.sockets), files.sockets
         with server:
             yield RunningServer(url=server.url, port=spec.port, spec=spec, log_path=log_path, tag=tag,

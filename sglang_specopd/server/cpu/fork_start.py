@@ -40,9 +40,8 @@ def fork_children_on_cpu(result, server_args, *args, **kwargs):
 
     Keeps spawn (and logs why) where a fork would not be safe: another thread is running in the launcher (a fork
     copies only the calling thread, so a lock another thread held stays held in the child)."""
-    from sglang_specopd.server.cpu.patches import _is_cpu_device
-
-    if not _is_cpu_device(compat.get("resolving_view")(server_args).device) or start_method() != "fork":
+    device = str(compat.get("resolving_view")(server_args).device).split(":")[0]
+    if device != "cpu" or start_method() != "fork":
         return result
     others = [t.name for t in threading.enumerate() if t is not threading.current_thread() and t.is_alive()]
     if others:
