@@ -182,7 +182,7 @@ def test_the_fixed_arm_can_be_left_out(tmp_path: Path, monkeypatch) -> None:
     assert "fixed_over_plain" not in lv and lv["goodput_over_plain"] == pytest.approx(1.1)
     assert set(data["step_breakdown_ms"]) == {"concurrency", "temperature", "plain", "goodput"}
     item = goodput_item("g.json", data)[0]
-    assert "c=1 goodput 1.10x" in item and "fixed" not in item
+    assert "**Goodput policy vs plain serving**" in item and "c=1 goodput 1.10x" in item and "fixed" not in item
     for bad in ("plain,fixed", "goodput,fixed", "plain,goodput,eagle"):
         with pytest.raises(SystemExit):
             gp.main(["--drafter", "/d", "--arms", bad, "--out", str(out)])

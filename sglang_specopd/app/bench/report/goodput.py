@@ -51,7 +51,9 @@ def goodput_item(name: str, data: Mapping[str, Any]) -> List[str]:
         parts.append(f"{t}: " + ", ".join(f"c={lv['concurrency']} goodput {_ratio(lv, 'goodput')}"
                                           + (f", fixed {_ratio(lv, 'fixed')}" if _num(lv.get("fixed_over_plain"))
                                              else "") for lv in levels))
-    return [f"- **Goodput policy vs fixed block vs plain serving** (`{name}`, {data.get('limit_per_domain')} "
+    fixed = any(_num(lv.get("fixed_over_plain")) for levels in temps.values() for lv in levels)
+    title = "Goodput policy vs fixed block vs plain serving" if fixed else "Goodput policy vs plain serving"
+    return [f"- **{title}** (`{name}`, {data.get('limit_per_domain')} "
             f"prompts per domain, {data.get('max_new_tokens')} tokens, output tokens/s over plain's, paired by "
             f"prompt): " + "; ".join(parts) + _k0(data) + "."]
 
