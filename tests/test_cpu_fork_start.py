@@ -21,6 +21,8 @@ def calls(monkeypatch):
     real_get = compat.get
     monkeypatch.setattr(compat, "get", lambda name: (lambda args: args) if name == "resolving_view" else real_get(name))
     monkeypatch.delenv(fork_start.START_METHOD_ENV, raising=False)
+    # the launcher (SGLang's main process) runs one thread when the hook runs; a pytest worker runs more (execnet's)
+    monkeypatch.setattr(fork_start.threading, "enumerate", lambda: [threading.current_thread()])
     return made
 
 
@@ -41,12 +43,13 @@ def test_spawn_when_asked_or_when_another_thread_runs(calls, monkeypatch) -> Non
     t = threading.Thread(target=stop.wait, name="busy-thread", daemon=True)
     t.start()
     try:
+        monkeypatch.setattr(fork_start.threading, "enumerate", lambda: [threading.current_thread(), t])
         fork_start.fork_children_on_cpu(None, SimpleNamespace(device="cpu"))
     finally:
         stop.set()
         t.join()
     assert calls == []  # a fork would copy only this thread: spawn stays
-    fork_start.fork_children_on_cpu(None, SimpleNamespace(device="cpu"))
+    fork_start.fork_children_on_cpu(None, SimpleNamespace(device="cpu"))  # t has ended (is_alive() False)
     assert calls == [("fork", True)]
 
 
