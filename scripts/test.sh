@@ -21,7 +21,7 @@ cores=$(nproc 2>/dev/null || echo 1)
 workers=${SPECOPD_TEST_WORKERS:-$(( cores >= 2 ? 2 : 0 ))}
 xdist=()
 if [ "$workers" != "0" ]; then
-  xdist=(-n "$workers" --dist loadgroup)
+  xdist=(-n "$workers" --dist loadgroup --no-loadscope-reorder)  # groups in collection order: servers first
 fi
 # Every run in a random order (pytest-randomly: modules shuffled, tests shuffled within each module; the modules
 # that share a server still run one after another, tests/_servers.py). The seed is printed first and last; replay

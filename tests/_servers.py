@@ -118,9 +118,13 @@ def mark_server_tests(items: list) -> None:
 
 def group_modules(items: list) -> None:
     """Reorder ``items`` in place: the modules whose tests use the same shared server run one after another, at
-    the place of the first of them (the order is otherwise unchanged, tests keep their order in their module), and
-    in each module the tests marked ``ends_module`` (they end the module's shared state: stop its fleet, reload its
-    target) run after the others, whatever order pytest-randomly drew."""
+    the place of the first of them, and in each module the tests marked ``ends_module`` (they end the module's
+    shared state: stop its fleet, reload its target) run after the others, whatever order pytest-randomly drew.
+    Then the groups that start servers (a test marked ``server``) come before the others, each part in the order
+    drawn: xdist's loadgroup scheduler hands out groups in collection order (``scripts/test.sh`` passes
+    ``--no-loadscope-reorder``; by default it orders them by their number of tests), so the long server groups are
+    shared out first and the short ones fill in at the end, instead of one worker starting the last server while
+    the other has nothing left (longest first, as in LPT scheduling)."""
     modules: Dict[str, list] = {}
     key: Dict[str, Optional[str]] = {}
     for it in items:
@@ -128,11 +132,19 @@ def group_modules(items: list) -> None:
         modules.setdefault(mod, []).append(it)
         if key.get(mod) is None:
             key[mod] = next((n for n in SHARED_SERVER_FIXTURES if n in getattr(it, "fixturenames", ())), None)
-    order: List[str] = []
+    groups: List[List[str]] = []
+    placed: set = set()
     for mod in modules:
-        if mod in order:
+        if mod in placed:
             continue
-        order += [mod] if key[mod] is None else [m for m in modules if key[m] == key[mod] and m not in order]
+        group = [mod] if key[mod] is None else [m for m in modules if key[m] == key[mod] and m not in placed]
+        placed.update(group)
+        groups.append(group)
+
+    def starts_servers(group: List[str]) -> bool:
+        return any(it.get_closest_marker("server") is not None for m in group for it in modules[m])
+
+    order = [m for g in sorted(groups, key=lambda g: not starts_servers(g)) for m in g]  # sorted() is stable
     items[:] = [it for mod in order for it in sorted(modules[mod], key=lambda i: i.get_closest_marker("ends_module")
                                                      is not None)]
 

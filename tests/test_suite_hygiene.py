@@ -37,11 +37,11 @@ def test_the_rule_catches_both_import_forms() -> None:
 class _Item:
     """What :func:`_servers.group_modules` reads of a pytest item: nodeid, fixture names, markers."""
 
-    def __init__(self, nodeid: str, fixtures=(), ends=False):
-        self.nodeid, self.fixturenames, self._ends = nodeid, list(fixtures), ends
+    def __init__(self, nodeid: str, fixtures=(), ends=False, server=False):
+        self.nodeid, self.fixturenames, self._ends, self._server = nodeid, list(fixtures), ends, server
 
     def get_closest_marker(self, name: str):
-        return object() if name == "ends_module" and self._ends else None
+        return object() if (name == "ends_module" and self._ends) or (name == "server" and self._server) else None
 
 
 def test_tests_that_end_a_module_run_last_in_it_and_shared_server_modules_stay_together() -> None:
@@ -55,3 +55,18 @@ def test_tests_that_end_a_module_run_last_in_it_and_shared_server_modules_stay_t
     assert [i.nodeid for i in items] == [
         "tests/test_a.py::one", "tests/test_a.py::two", "tests/test_a.py::stop", "tests/test_b.py::x",
         "tests/test_c.py::y", "tests/test_c.py::w", "tests/test_d.py::z"]
+
+
+def test_groups_that_start_servers_are_handed_out_first_in_the_order_drawn() -> None:
+    """xdist (``--no-loadscope-reorder``) hands groups out in this order: the server groups first, so the long
+    units are shared out first; inside each part, and inside each group, the random order is kept."""
+    from _servers import group_modules
+
+    items = [_Item("tests/test_a.py::x"), _Item("tests/test_b.py::s", server=True), _Item("tests/test_c.py::y"),
+             _Item("tests/test_d.py::t", ["tiny_admin_server"]), _Item("tests/test_e.py::u", ["tiny_admin_server"],
+                                                                        server=True),
+             _Item("tests/test_b.py::q"), _Item("tests/test_f.py::z", server=True)]
+    group_modules(items)
+    assert [i.nodeid for i in items] == [
+        "tests/test_b.py::s", "tests/test_b.py::q", "tests/test_d.py::t", "tests/test_e.py::u", "tests/test_f.py::z",
+        "tests/test_a.py::x", "tests/test_c.py::y"]
