@@ -23,7 +23,7 @@ CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "What is th
 
 
 def test_specopd_greedy_identity_fp32(smollm2_plain_outputs, smollm2_specopd_server) -> None:
-    """SPECOPD (default drafter) greedy output ids == plain output ids, 3 prompts x 48 tokens, float32."""
+    """SPECOPD (default drafter) greedy output ids == plain output ids, 3 prompts x 32 tokens, float32."""
     for prompt in SMOLLM2_PROMPTS:
         resp = smollm2_specopd_server.generate(prompt, SMOLLM2_NEW_TOKENS)
         assert resp["output_ids"] == smollm2_plain_outputs[prompt], prompt
