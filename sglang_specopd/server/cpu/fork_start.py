@@ -2,8 +2,8 @@
 
 SGLang sets the ``spawn`` start method (``_set_envs_and_config``), which is what CUDA needs: a forked child of a
 process that touched CUDA cannot use it. So each child re-imports SGLang, re-runs every plugin and re-applies the
-hooks before it does anything: ~33 s of a 78 s SmolLM2 server start on a quiet 2-core AMD EPYC (AVX2), more under
-load (docs/cpu_adaptations.md). The CPU engine has no CUDA context to lose, and at that point the launcher has
+hooks before it does anything: a SmolLM2 server takes 79.3 s from launch to healthy with spawn, 47.2 s with fork, on a
+quiet 2-core AMD EPYC with AVX2 (``benchmarks/results/server_start_smollm2_epyc-avx2-fp32.json``). The CPU engine has no CUDA context to lose, and at that point the launcher has
 imported SGLang and applied the plugin's hooks but started no thread, socket or compute, so the children fork from
 it with everything already in place (copy-on-write: they also share those pages).
 
