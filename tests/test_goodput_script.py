@@ -70,9 +70,15 @@ def test_level_summary_and_breakdown_have_the_result_keys() -> None:
     assert b["goodput"]["target_forward"] == 70.0 and b["fixed"]["drafter_forward"] == 12.0
 
 
-def test_main_writes_the_result_without_servers(tmp_path: Path, monkeypatch) -> None:
+def _without_servers(monkeypatch, policy: dict):
+    """The goodput script with stand-in servers (each arm's run from :func:`_runs`), tokenizer and prompts:
+    (the module, the list of arm tuples each server group started)."""
     gp = load_benchmark("goodput")
     from types import SimpleNamespace
+
+    import transformers
+
+    import sglang_specopd.app.bench.runner as runner
 
     @contextlib.contextmanager
     def fake_servers(config, drafter, arms=gp.ARMS, say=print, block_size=None):
@@ -82,15 +88,16 @@ def test_main_writes_the_result_without_servers(tmp_path: Path, monkeypatch) -> 
     runs, started = _runs(), []
     monkeypatch.setattr(gp, "three_servers", fake_servers)
     monkeypatch.setattr(gp, "run_arm", lambda server, *a: runs[server.role])
-    monkeypatch.setattr(gp, "_policy", lambda url: {"gamma": 7, "cost_curve_ms": {"1": [50.0, 51.0, 60.0]}})
-    k0 = {"k0_step_over_plain_step": {"1": 1.01, "2": 1.0, "4": 0.99, "8": 1.02}}
-    monkeypatch.setattr(gp, "k0_step", lambda config, drafter, waves, say=print: k0)
-    import transformers
-
-    import sglang_specopd.app.bench.runner as runner
-
+    monkeypatch.setattr(gp, "_policy", lambda url: policy)
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", staticmethod(lambda path: None))
     monkeypatch.setattr(runner, "load_prompts", lambda tok, domains, limit: (["p"] * limit, {d: 0 for d in domains}))
+    return gp, started
+
+
+def test_main_writes_the_result_without_servers(tmp_path: Path, monkeypatch) -> None:
+    gp, started = _without_servers(monkeypatch, {"gamma": 7, "cost_curve_ms": {"1": [50.0, 51.0, 60.0]}})
+    k0 = {"k0_step_over_plain_step": {"1": 1.01, "2": 1.0, "4": 0.99, "8": 1.02}}
+    monkeypatch.setattr(gp, "k0_step", lambda config, drafter, waves, say=print: k0)
     out = tmp_path / "goodput.json"
     assert gp.main(["--drafter", "/d", "--concurrency", "1,2", "--temperatures", "0,1", "--limit", "3",
                     "--out", str(out)]) == 0
@@ -152,26 +159,9 @@ def test_k0_step_ratio_is_over_rounds_and_its_interval_pairs_rounds() -> None:
 def test_the_fixed_arm_can_be_left_out(tmp_path: Path, monkeypatch) -> None:
     """``--arms plain,goodput``: two servers, levels without fixed keys, the report item without a fixed ratio;
     an arm list without plain or goodput is refused before anything starts."""
-    gp = load_benchmark("goodput")
-    from types import SimpleNamespace
-
     from sglang_specopd.app.bench.report.goodput import goodput_item
 
-    @contextlib.contextmanager
-    def fake_servers(config, drafter, arms=gp.ARMS, say=print, block_size=None):
-        started.append(tuple(arms))
-        yield {arm: SimpleNamespace(role=arm, url=f"http://{arm}") for arm in arms}, "/models/x"
-
-    runs, started = _runs(), []
-    monkeypatch.setattr(gp, "three_servers", fake_servers)
-    monkeypatch.setattr(gp, "run_arm", lambda server, *a: runs[server.role])
-    monkeypatch.setattr(gp, "_policy", lambda url: {"gamma": 7})
-    import transformers
-
-    import sglang_specopd.app.bench.runner as runner
-
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", staticmethod(lambda path: None))
-    monkeypatch.setattr(runner, "load_prompts", lambda tok, domains, limit: (["p"] * limit, {d: 0 for d in domains}))
+    gp, started = _without_servers(monkeypatch, {"gamma": 7})
     out = tmp_path / "goodput.json"
     assert gp.main(["--drafter", "/d", "--concurrency", "1", "--temperatures", "0", "--limit", "3", "--arms",
                     "goodput,plain", "--k0-waves", "0", "--out", str(out)]) == 0
